@@ -1,0 +1,44 @@
+# Two commands on a fresh machine: `make run` and `make test`. See README.md.
+SHELL := /bin/bash
+VENV := .venv
+BIN := $(CURDIR)/$(VENV)/bin
+INSTALLED := $(VENV)/.installed
+export PATH := $(BIN):$(PATH)
+export FLASK_APP := app
+
+.PHONY: run install test test-sqlite test-postgres test-system-deps lint clean
+
+run: $(INSTALLED)
+	flask check
+	flask db upgrade
+	flask demo seed
+	@echo "Cairn is starting at http://127.0.0.1:$${PORT:-5000}  (demo login: admin@cairn.local / $${DEMO_PASSWORD:-cairn-demo})"
+	honcho start $$(python -m webapp.processes names)
+
+install: $(INSTALLED)
+
+# Reinstalls only when pyproject.toml changes, so a second `make run` starts in seconds.
+$(INSTALLED): pyproject.toml
+	test -x $(BIN)/python || python3 -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[local-llm,test]'
+	touch $@
+
+test-system-deps:
+	scripts/install-test-deps.sh
+
+test: $(INSTALLED) test-system-deps
+	$(MAKE) test-sqlite
+	$(MAKE) test-postgres
+
+test-sqlite:
+	pytest
+
+test-postgres:
+	TEST_DATABASE_URL=$$(scripts/start-postgres.sh) pytest
+
+lint: $(INSTALLED)
+	ruff check . && ruff format --check .
+
+clean:
+	rm -rf $(VENV) instance/cairn.db

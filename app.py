@@ -1,0 +1,3 @@
+from webapp import create_app
+
+app = create_app()

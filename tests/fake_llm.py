@@ -1,0 +1,172 @@
+"""A scripted OpenAI-compatible server on loopback that records every request.
+
+    fake_llm.reply("Hello")                               # next answer: plain text
+    fake_llm.reply(tool_calls=[("save_memory", {...})])   # next answer: tool calls
+    fake_llm.fail(500, "upstream down")                   # next answer: an HTTP error
+    fake_llm.requests[-1]["model"]                        # what the app sent
+
+Answers are consumed in order; when none is scripted, the server answers `default_text`.
+Streaming requests get the same answers as server-sent chunks.
+"""
+
+import json
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+@dataclass
+class Scripted:
+    text: str = ""
+    tool_calls: list[tuple[str, Any]] = field(default_factory=list)
+    status: int = 200
+    error: str = ""
+    delay: float = 0.0
+
+
+class FakeLLM:
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.default_text = "ok"
+        self.delay = 0.0  # seconds added to every answer
+        self._script: deque[Scripted] = deque()
+        self._lock = threading.Lock()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
+        self._server.daemon_threads = True
+        self.base_url = f"http://127.0.0.1:{self._server.server_address[1]}/v1"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def reply(
+        self, text: str = "", *, tool_calls: list[tuple[str, Any]] | None = None, delay: float = 0
+    ) -> None:
+        """Script the next answer. Tool call arguments may be a dict or a raw (possibly broken) string."""
+        self._script.append(Scripted(text=text, tool_calls=tool_calls or [], delay=delay))
+
+    def fail(self, status: int = 500, error: str = "server error", *, delay: float = 0) -> None:
+        self._script.append(Scripted(status=status, error=error, delay=delay))
+
+    def reset(self) -> None:
+        self._script.clear()
+        self.requests.clear()
+        self.default_text = "ok"
+        self.delay = 0.0
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def _next(self) -> Scripted:
+        with self._lock:
+            return self._script.popleft() if self._script else Scripted(text=self.default_text)
+
+    def _record(self, body: dict[str, Any]) -> None:
+        with self._lock:
+            self.requests.append(body)
+
+
+def _tool_call_json(index: int, name: str, arguments: Any) -> dict[str, Any]:
+    raw = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    return {
+        "index": index,
+        "id": f"call_{index}",
+        "type": "function",
+        "function": {"name": name, "arguments": raw},
+    }
+
+
+def _handler_for(fake: FakeLLM) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            if self.path.rstrip("/").endswith("/models"):
+                self._json(200, {"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
+            else:
+                self._json(404, {"error": {"message": "not found"}})
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(length) or b"{}")
+            fake._record(body)
+            answer = fake._next()
+            time.sleep(fake.delay + answer.delay)
+            if answer.status != 200:
+                self._json(answer.status, {"error": {"message": answer.error, "type": "fake_error"}})
+            elif body.get("stream"):
+                self._stream(body, answer)
+            else:
+                self._json(200, _completion(body, answer))
+
+        def _json(self, status: int, payload: dict[str, Any]) -> None:
+            data = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _stream(self, body: dict[str, Any], answer: Scripted) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            for chunk in _chunks(body, answer):
+                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                self.wfile.flush()
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+            self.close_connection = True
+
+    return Handler
+
+
+def _usage(answer: Scripted) -> dict[str, int]:
+    completion = max(1, len(answer.text.split()))
+    return {"prompt_tokens": 11, "completion_tokens": completion, "total_tokens": 11 + completion}
+
+
+def _completion(body: dict[str, Any], answer: Scripted) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": answer.text or None}
+    if answer.tool_calls:
+        message["tool_calls"] = [
+            {k: v for k, v in _tool_call_json(i, n, a).items() if k != "index"}
+            for i, (n, a) in enumerate(answer.tool_calls)
+        ]
+    return {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": body.get("model", ""),
+        "choices": [
+            {"index": 0, "message": message, "finish_reason": "tool_calls" if answer.tool_calls else "stop"}
+        ],
+        "usage": _usage(answer),
+    }
+
+
+def _chunks(body: dict[str, Any], answer: Scripted):
+    base = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": int(time.time())}
+    base["model"] = body.get("model", "")
+    words = answer.text.split(" ") if answer.text else []
+    for i, word in enumerate(words):
+        piece = word if i == 0 else " " + word
+        yield {**base, "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]}
+    for i, (name, arguments) in enumerate(answer.tool_calls):
+        call = _tool_call_json(i, name, arguments)
+        raw = call["function"]["arguments"]
+        half = len(raw) // 2  # split the arguments across two deltas, as real servers do
+        first = {**call, "function": {"name": name, "arguments": raw[:half]}}
+        yield {**base, "choices": [{"index": 0, "delta": {"tool_calls": [first]}, "finish_reason": None}]}
+        rest = {"index": i, "function": {"arguments": raw[half:]}}
+        yield {**base, "choices": [{"index": 0, "delta": {"tool_calls": [rest]}, "finish_reason": None}]}
+    finish = "tool_calls" if answer.tool_calls else "stop"
+    yield {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]}
+    if (body.get("stream_options") or {}).get("include_usage"):
+        yield {**base, "choices": [], "usage": _usage(answer)}

@@ -1,0 +1,19 @@
+"""Jobs used only by the queue tests (RQ imports them by dotted path in the worker)."""
+
+from webapp.llm import LLMError
+from webapp.queue import recorded_job
+
+
+@recorded_job("sample", target=lambda n: f"n:{n}")
+def counts(n: int) -> dict:
+    return {"items": n}
+
+
+@recorded_job("sample")
+def fails_for_good() -> None:
+    raise ValueError("bad input that no retry fixes")
+
+
+@recorded_job("sample")
+def model_is_down() -> None:
+    raise LLMError("The model returned HTTP 503: busy", retryable=True)

@@ -1,0 +1,112 @@
+"""CLI: start-up checks with clear messages, users, demo data, migrations without drift."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from tests.conftest import POSTGRES_URL, free_port
+from webapp.extensions import db
+from webapp.models import Agent, User
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def flask(*args: str, env: dict[str, str], cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "LLM_BASE_URL")}
+    return subprocess.run(
+        [sys.executable, "-m", "flask", "--app", "app", *args],
+        env={**clean, "SECRET_KEY": "test", **env},
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("DATABASE_URL", "postgresql://cairn:secret@127.0.0.1:{port}/cairn"),
+        ("REDIS_URL", "redis://127.0.0.1:{port}/0"),
+        ("LLM_BASE_URL", "http://127.0.0.1:{port}/v1"),
+    ],
+)
+def test_check_names_an_unreachable_service_without_a_traceback(tmp_path, variable, value):
+    url = value.format(port=free_port())
+    env = {"DATABASE_URL": f"sqlite:///{tmp_path}/x.db", variable: url}
+
+    result = flask("check", env=env)
+
+    assert result.returncode == 1
+    assert f"FAIL  {variable} (set): cannot" in result.stderr
+    assert f"Cairn cannot start: fix {variable}" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert "secret" not in result.stderr  # passwords are never printed
+
+
+def test_check_passes_with_reachable_services(tmp_path, fake_llm):
+    result = flask(
+        "check", env={"DATABASE_URL": f"sqlite:///{tmp_path}/x.db", "LLM_BASE_URL": fake_llm.base_url}
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert "ok    DATABASE_URL" in result.stdout
+    assert "ok    LLM_BASE_URL" in result.stdout
+
+
+def test_migrations_build_the_models_schema_with_no_drift(tmp_path):
+    url = POSTGRES_URL or f"sqlite:///{tmp_path}/fresh.db"
+    env = {"DATABASE_URL": url}
+
+    assert flask("db", "upgrade", env=env).returncode == 0
+    result = flask("db", "check", env=env)
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "No new upgrade operations detected" in result.stdout + result.stderr
+
+
+def test_users_create_makes_an_admin_who_can_sign_in(app, runner):
+    result = runner.invoke(
+        args=["users", "create", "Ada@Example.com", "--password", "long-enough", "--admin"]
+    )
+
+    assert result.exit_code == 0, result.output
+    user = db.session.scalar(sa.select(User))
+    assert (user.email, user.role, user.account.name) == ("ada@example.com", "admin", "Cairn")
+    assert user.check_password("long-enough") and not user.check_password("wrong")
+
+
+def test_users_create_refuses_a_duplicate_or_short_password(app, runner):
+    runner.invoke(args=["users", "create", "a@example.com", "--password", "long-enough"])
+
+    assert (
+        "already exists"
+        in runner.invoke(args=["users", "create", "a@example.com", "--password", "x" * 9]).output
+    )
+    assert (
+        "at least 8" in runner.invoke(args=["users", "create", "b@example.com", "--password", "short"]).output
+    )
+
+
+def test_users_create_puts_a_user_in_the_named_account(app, runner):
+    runner.invoke(args=["users", "create", "a@example.com", "--password", "long-enough", "--account", "One"])
+    runner.invoke(args=["users", "create", "b@example.com", "--password", "long-enough", "--account", "Two"])
+
+    accounts = {u.email: u.account.name for u in db.session.scalars(sa.select(User))}
+    assert accounts == {"a@example.com": "One", "b@example.com": "Two"}
+
+
+def test_demo_seed_creates_an_admin_and_two_agents_once(app, runner):
+    first = runner.invoke(args=["demo", "seed"])
+    second = runner.invoke(args=["demo", "seed"])
+
+    assert "admin@cairn.local / cairn-demo" in first.output
+    assert "no demo data added" in second.output
+    assert db.session.scalar(sa.select(sa.func.count()).select_from(User)) == 1
+    agents = db.session.scalars(sa.select(Agent)).all()
+    assert [a.name for a in agents] == ["Ada", "Basil"]
+    assert all(a.model_id == app.config["DEFAULT_MODEL_ID"] for a in agents)

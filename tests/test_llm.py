@@ -1,0 +1,118 @@
+"""The LLM layer against a fake OpenAI-compatible server: text, streams, tool calls, errors, the ledger."""
+
+import pytest
+import sqlalchemy as sa
+
+from webapp import llm
+from webapp.extensions import db
+from webapp.models import LlmCall
+
+MESSAGES = [{"role": "user", "content": "Hi"}]
+SAVE_MEMORY = {
+    "type": "function",
+    "function": {
+        "name": "save_memory",
+        "parameters": {"type": "object", "properties": {"content": {"type": "string"}}},
+    },
+}
+
+
+def _calls() -> list[LlmCall]:
+    return list(db.session.scalars(sa.select(LlmCall).order_by(LlmCall.id)))
+
+
+def test_plain_reply_returns_text_usage_and_records_the_call(app, fake_llm):
+    fake_llm.reply("Hello there")
+
+    result = llm.complete("agent-model", MESSAGES, purpose="reply", agent_id=None, chat_id=None)
+
+    assert result.text == "Hello there"
+    assert (result.prompt_tokens, result.completion_tokens) == (11, 2)
+    assert fake_llm.requests[-1]["model"] == "agent-model"
+    assert fake_llm.requests[-1]["messages"] == MESSAGES
+    [call] = _calls()
+    assert (call.purpose, call.model, call.status) == ("reply", "agent-model", "ok")
+    assert (call.prompt_tokens, call.completion_tokens) == (11, 2)
+    assert call.latency_ms >= 0
+
+
+def test_streaming_delivers_each_text_delta_in_order(app, fake_llm):
+    fake_llm.reply("one two three")
+    deltas = []
+
+    result = llm.complete("m", MESSAGES, purpose="reply", on_text=deltas.append)
+
+    assert deltas == ["one", " two", " three"]
+    assert result.text == "one two three"
+    assert fake_llm.requests[-1]["stream"] is True
+    assert result.completion_tokens == 3
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_tool_calls_are_returned_whole(app, fake_llm, stream):
+    fake_llm.reply(tool_calls=[("save_memory", {"content": "likes tea"}), ("save_memory", {"content": "x"})])
+
+    result = llm.complete(
+        "m", MESSAGES, purpose="reply", tools=[SAVE_MEMORY], on_text=(lambda _: None) if stream else None
+    )
+
+    assert [c.name for c in result.tool_calls] == ["save_memory", "save_memory"]
+    assert result.tool_calls[0].parsed_arguments() == {"content": "likes tea"}
+    assert result.tool_calls[0].id == "call_0"
+    assert fake_llm.requests[-1]["tools"] == [SAVE_MEMORY]
+
+
+def test_malformed_tool_arguments_raise_a_clear_value_error(app, fake_llm):
+    fake_llm.reply(tool_calls=[("save_memory", '{"content": ')])
+
+    [call] = llm.complete("m", MESSAGES, purpose="reply", tools=[SAVE_MEMORY]).tool_calls
+
+    with pytest.raises(ValueError, match="not valid JSON"):
+        call.parsed_arguments()
+
+
+@pytest.mark.parametrize(
+    ("status", "retryable"), [(429, True), (500, True), (503, True), (400, False), (401, False), (404, False)]
+)
+def test_http_errors_are_classified_and_recorded(app, fake_llm, status, retryable):
+    fake_llm.fail(status, "nope")
+
+    with pytest.raises(llm.LLMError) as raised:
+        llm.complete("m", MESSAGES, purpose="extract", agent_id=None)
+
+    assert raised.value.retryable is retryable
+    assert f"HTTP {status}" in str(raised.value)
+    [call] = _calls()
+    assert (call.status, call.purpose) == ("error", "extract")
+    assert f"HTTP {status}" in call.error
+
+
+def test_a_timeout_is_retryable(app, fake_llm):
+    app.extensions["llm_client"] = app.extensions["llm_client"].with_options(timeout=0.2)
+    fake_llm.reply("late", delay=1)
+
+    with pytest.raises(llm.LLMError, match="in time") as raised:
+        llm.complete("m", MESSAGES, purpose="reply")
+
+    assert raised.value.retryable
+
+
+def test_an_unreachable_server_is_retryable(app):
+    from tests.conftest import free_port
+
+    app.extensions["llm_client"] = app.extensions["llm_client"].with_options(
+        base_url=f"http://127.0.0.1:{free_port()}/v1"
+    )
+
+    with pytest.raises(llm.LLMError, match="Could not reach") as raised:
+        llm.complete("m", MESSAGES, purpose="reply")
+
+    assert raised.value.retryable
+    assert _calls()[0].status == "error"
+
+
+def test_the_ledger_row_survives_the_callers_rollback(app, fake_llm):
+    llm.complete("m", MESSAGES, purpose="summarize")
+    db.session.rollback()
+
+    assert [c.purpose for c in _calls()] == ["summarize"]

@@ -1,0 +1,37 @@
+"""Cairn: a multi-agent chat in which every agent keeps its own long-term memory."""
+
+import os
+from pathlib import Path
+
+from dotenv import load_dotenv
+from flask import Flask
+
+from webapp import config
+from webapp.extensions import csrf, db, login_manager, migrate
+
+
+def create_app(test_config: dict | None = None) -> Flask:
+    """Build the app: defaults, then the environment, then test_config. Never touches the database."""
+    load_dotenv()
+    app = Flask(__name__, instance_path=os.environ.get("INSTANCE_PATH"), instance_relative_config=True)
+    app.config.from_mapping(config.load(app.instance_path))
+    if test_config:
+        app.config.from_mapping(test_config)
+
+    db.init_app(app)
+    migrate.init_app(app, db, directory=str(Path(app.root_path).parent / "migrations"), render_as_batch=True)
+    login_manager.init_app(app)
+    csrf.init_app(app)
+
+    from webapp import llm, queue
+
+    llm.init_app(app)
+    queue.init_app(app)
+
+    from webapp import models  # noqa: F401  (registers the tables with the metadata)
+    from webapp.cli import register_cli
+    from webapp.health import bp as health_bp
+
+    app.register_blueprint(health_bp)
+    register_cli(app)
+    return app

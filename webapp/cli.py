@@ -1,0 +1,154 @@
+"""Flask CLI commands: start-up checks, schedules, users, the demo data and jobs on demand."""
+
+import os
+import sys
+
+import click
+import sqlalchemy as sa
+from flask import Flask, current_app
+from flask.cli import AppGroup
+
+from webapp import schedule
+from webapp.extensions import db
+from webapp.models import Account, Agent, User
+
+schedule_cli = AppGroup("schedule", help="Recurring jobs in rq-scheduler.")
+users_cli = AppGroup("users", help="Sign-in accounts.")
+jobs_cli = AppGroup("jobs", help="Run background jobs on demand.")
+demo_cli = AppGroup("demo", help="Demo data for a first run.")
+
+DEMO_EMAIL = "admin@cairn.local"
+DEMO_AGENTS = [
+    (
+        "Ada",
+        "You are Ada, a careful and curious research assistant. You answer briefly and cite your reasons.",
+    ),
+    ("Basil", "You are Basil, a warm and practical helper who likes concrete next steps."),
+]
+
+
+def register_cli(app: Flask) -> None:
+    for group in (schedule_cli, users_cli, jobs_cli, demo_cli):
+        app.cli.add_command(group)
+    app.cli.add_command(check)
+
+
+@click.command("check")
+def check() -> None:
+    """Check every configured external service and name the variable of any that is unreachable."""
+    from webapp.health import check_database, check_llm, check_redis
+
+    failures = []
+    probes = [("DATABASE_URL", check_database)]
+    if not current_app.config["EMBEDDED_REDIS"]:
+        probes.append(("REDIS_URL", check_redis))
+    if not current_app.config["LOCAL_LLM"]:
+        probes.append(("LLM_BASE_URL", check_llm))
+    for variable, probe in probes:
+        result = probe()
+        if result.ok:
+            click.echo(f"ok    {variable}: {result.detail}")
+        else:
+            failures.append(variable)
+            source = "set" if os.environ.get(variable) else "default"
+            click.echo(f"FAIL  {variable} ({source}): {result.detail}", err=True)
+    if failures:
+        sys.exit(f"Cairn cannot start: fix {', '.join(failures)} (see above).")
+
+
+@schedule_cli.command("sync")
+def schedule_sync() -> None:
+    """Register every recurring job under its stable id (running it again changes nothing)."""
+    for item in schedule.sync():
+        click.echo(f"registered {item.id}  {item.cron}  {item.func}")
+
+
+@schedule_cli.command("list")
+def schedule_list() -> None:
+    """Show the registered recurring jobs with their next run time (UTC)."""
+    rows = schedule.registered()
+    if not rows:
+        click.echo("No recurring jobs registered; run `flask schedule sync`.")
+    for job_id, cron, when in rows:
+        click.echo(f"{job_id}  {cron}  next run {when:%Y-%m-%d %H:%M} UTC")
+
+
+@schedule_cli.command("run")
+def schedule_run() -> None:
+    """Run rq-scheduler in the foreground: it moves due recurring jobs onto the queue."""
+    from webapp.queue import wait_for_redis
+
+    wait_for_redis()
+    schedule.sync()
+    schedule.scheduler().run()
+
+
+@users_cli.command("create")
+@click.argument("email")
+@click.option("--password", prompt=True, hide_input=True, confirmation_prompt=True)
+@click.option("--admin", is_flag=True, help="Admins manage agents and memory; members chat.")
+@click.option("--account", "account_name", default=None, help="Account name (default: the first account).")
+def users_create(email: str, password: str, admin: bool, account_name: str | None) -> None:
+    """Create a user who signs in with EMAIL and PASSWORD."""
+    email = email.strip().lower()
+    if db.session.scalar(sa.select(User).where(User.email == email)):
+        sys.exit(f"A user with email {email} already exists.")
+    if len(password) < 8:
+        sys.exit("The password must have at least 8 characters.")
+    account = _account(account_name)
+    user = User(email=email, account=account, role="admin" if admin else "member")
+    user.set_password(password)
+    db.session.add(user)
+    db.session.commit()
+    click.echo(f"Created {user.role} {email} in account {account.name!r}.")
+
+
+def _account(name: str | None) -> Account:
+    query = sa.select(Account).order_by(Account.id)
+    if name:
+        query = query.where(Account.name == name)
+    account = db.session.scalar(query)
+    if account is None:
+        account = Account(name=name or "Cairn")
+        db.session.add(account)
+    return account
+
+
+@demo_cli.command("seed")
+def demo_seed() -> None:
+    """Create a demo admin and two demo agents, unless users already exist."""
+    password = os.environ.get("DEMO_PASSWORD", "cairn-demo")
+    if db.session.scalar(sa.select(sa.func.count()).select_from(User)):
+        click.echo("Users exist already; no demo data added.")
+        return
+    account = _account("Demo")
+    admin = User(email=DEMO_EMAIL, account=account, role="admin")
+    admin.set_password(password)
+    db.session.add(admin)
+    for name, prompt in DEMO_AGENTS:
+        db.session.add(
+            Agent(
+                account=account,
+                name=name,
+                system_prompt=prompt,
+                model_id=current_app.config["DEFAULT_MODEL_ID"],
+                enabled_tools=["save_memory"],
+            )
+        )
+    db.session.commit()
+    click.echo(f"Demo admin: {DEMO_EMAIL} / {password}")
+
+
+@jobs_cli.command("ping")
+@click.option("--now", is_flag=True, help="Run inline instead of through the worker.")
+def jobs_ping(now: bool) -> None:
+    """Enqueue (or run) the ping job, which records itself in job_runs."""
+    from webapp.jobs.ping import ping
+    from webapp.queue import enqueue
+
+    if now:
+        click.echo(f"ping: {ping()}")
+        return
+    enqueue(ping)
+    db.session.commit()
+    click.echo("ping enqueued")

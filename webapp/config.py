@@ -1,0 +1,60 @@
+"""Configuration from the environment. Every default works with no configuration and no network."""
+
+import json
+import os
+import secrets
+from pathlib import Path
+
+LOCAL_LLM_PORT = 8088
+LOCAL_MODEL_ID = "smollm2"
+
+
+def _database_uri(instance_path: str) -> str:
+    url = os.environ.get("DATABASE_URL")
+    if not url:
+        return f"sqlite:///{Path(instance_path) / 'cairn.db'}"
+    # Hosting platforms hand out postgres:// URLs; SQLAlchemy wants a driver name.
+    for prefix in ("postgres://", "postgresql://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+def _secret_key(instance_path: str) -> str:
+    """SECRET_KEY, or one generated once and kept in instance/ so every process shares it."""
+    if os.environ.get("SECRET_KEY"):
+        return os.environ["SECRET_KEY"]
+    path = Path(instance_path) / "secret_key"
+    if not path.exists():
+        path.write_text(secrets.token_hex(32))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+def _int(name: str, default: int) -> int:
+    return int(os.environ.get(name, default))
+
+
+def load(instance_path: str) -> dict:
+    """The app's settings: defaults overridden by environment variables."""
+    Path(instance_path).mkdir(parents=True, exist_ok=True)
+    return {
+        "SECRET_KEY": _secret_key(instance_path),
+        "SQLALCHEMY_DATABASE_URI": _database_uri(instance_path),
+        "SQLALCHEMY_ENGINE_OPTIONS": {"pool_pre_ping": True},
+        # No REDIS_URL: the project runs an embedded redis-server on a unix socket in instance/.
+        "EMBEDDED_REDIS": not os.environ.get("REDIS_URL"),
+        "REDIS_URL": os.environ.get("REDIS_URL") or f"unix://{Path(instance_path) / 'redis.sock'}",
+        "RQ_QUEUE": os.environ.get("RQ_QUEUE", "cairn"),
+        # No LLM_BASE_URL: the project serves the local SmolLM2 model on loopback.
+        "LOCAL_LLM": not os.environ.get("LLM_BASE_URL"),
+        "LOCAL_LLM_PORT": _int("LOCAL_LLM_PORT", LOCAL_LLM_PORT),
+        "LLM_BASE_URL": os.environ.get("LLM_BASE_URL")
+        or f"http://127.0.0.1:{_int('LOCAL_LLM_PORT', LOCAL_LLM_PORT)}/v1",
+        "LLM_API_KEY": os.environ.get("LLM_API_KEY", "local"),
+        "DEFAULT_MODEL_ID": os.environ.get("DEFAULT_MODEL_ID", LOCAL_MODEL_ID),
+        "LLM_TIMEOUT_SECONDS": float(os.environ.get("LLM_TIMEOUT_SECONDS", 120)),
+        # {"model-id": {"input": dollars per 1M tokens, "output": dollars per 1M tokens}}
+        "MODEL_PRICES": json.loads(os.environ.get("MODEL_PRICES", "{}")),
+        "JOB_MAX_RETRIES": _int("JOB_MAX_RETRIES", 3),
+    }

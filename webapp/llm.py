@@ -1,0 +1,199 @@
+"""The one way Cairn talks to a model: any OpenAI-compatible API through the openai SDK.
+
+Every request is recorded in llm_calls (the cost ledger), whether it succeeded or not.
+"""
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import openai
+import sqlalchemy as sa
+from flask import Flask, current_app
+
+from webapp.extensions import db
+from webapp.models import LlmCall
+from webapp.models.runs import current_job_run_id
+from webapp.timeutil import utcnow
+from webapp.tokens import count_tokens
+
+RETRYABLE_STATUS = {408, 409, 429}
+
+
+class LLMError(Exception):
+    """A failed model request; `retryable` says whether trying again later may succeed."""
+
+    def __init__(self, message: str, *, retryable: bool):
+        super().__init__(message)
+        self.retryable = retryable
+
+
+@dataclass
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # raw JSON text, exactly as the model wrote it
+
+    def parsed_arguments(self) -> dict[str, Any]:
+        """The arguments as a dict; ValueError when the model wrote something else."""
+        try:
+            value = json.loads(self.arguments or "{}")
+        except json.JSONDecodeError as e:
+            raise ValueError(f"arguments are not valid JSON: {e.msg}") from e
+        if not isinstance(value, dict):
+            raise ValueError("arguments must be a JSON object")
+        return value
+
+    def as_message_part(self) -> dict[str, Any]:
+        """The form an assistant message carries when the transcript goes back to the model."""
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+
+@dataclass
+class LLMResult:
+    text: str
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    finish_reason: str | None = None
+
+
+def init_app(app: Flask) -> None:
+    app.extensions["llm_client"] = openai.OpenAI(
+        base_url=app.config["LLM_BASE_URL"],
+        api_key=app.config["LLM_API_KEY"],
+        timeout=app.config["LLM_TIMEOUT_SECONDS"],
+        max_retries=0,  # retries belong to the job queue, with backoff
+    )
+
+
+def complete(
+    model: str,
+    messages: list[dict[str, Any]],
+    *,
+    purpose: str,
+    tools: list[dict[str, Any]] | None = None,
+    agent_id: int | None = None,
+    chat_id: int | None = None,
+    on_text: Callable[[str], None] | None = None,
+    response_format: dict[str, Any] | None = None,
+    tool_choice: str | dict[str, Any] | None = None,
+) -> LLMResult:
+    """Ask `model` for the next message. With on_text, stream and call it with each text delta."""
+    request: dict[str, Any] = {"model": model, "messages": messages}
+    if tools:
+        request["tools"] = tools
+    if tool_choice:
+        request["tool_choice"] = tool_choice
+    if response_format:
+        request["response_format"] = response_format
+    started = time.monotonic()
+    record = {"purpose": purpose, "agent_id": agent_id, "chat_id": chat_id, "model": model}
+    try:
+        result = _stream(request, on_text) if on_text else _request(request)
+    except openai.OpenAIError as e:
+        error = _classify(e)
+        _record(record, started, status="error", error=str(error))
+        raise error from e
+    if not result.prompt_tokens:  # some servers leave usage out of streams; estimate it
+        result.prompt_tokens = count_tokens(json.dumps(messages))
+        result.completion_tokens = count_tokens(result.text)
+    _record(
+        record,
+        started,
+        status="ok",
+        prompt_tokens=result.prompt_tokens,
+        completion_tokens=result.completion_tokens,
+    )
+    return result
+
+
+def _client() -> openai.OpenAI:
+    return current_app.extensions["llm_client"]
+
+
+def _request(request: dict[str, Any]) -> LLMResult:
+    response = _client().chat.completions.create(**request)
+    if not response.choices:
+        raise LLMError("The model returned no choices.", retryable=True)
+    choice = response.choices[0]
+    calls = [
+        ToolCall(id=c.id or f"call_{i}", name=c.function.name, arguments=c.function.arguments or "")
+        for i, c in enumerate(choice.message.tool_calls or [])
+    ]
+    usage = response.usage
+    return LLMResult(
+        text=choice.message.content or "",
+        tool_calls=calls,
+        prompt_tokens=usage.prompt_tokens if usage else 0,
+        completion_tokens=usage.completion_tokens if usage else 0,
+        finish_reason=choice.finish_reason,
+    )
+
+
+def _stream(request: dict[str, Any], on_text: Callable[[str], None]) -> LLMResult:
+    stream = _client().chat.completions.create(**request, stream=True, stream_options={"include_usage": True})
+    text: list[str] = []
+    calls: dict[int, dict[str, str]] = {}
+    result = LLMResult(text="")
+    for chunk in stream:
+        if chunk.usage:
+            result.prompt_tokens = chunk.usage.prompt_tokens
+            result.completion_tokens = chunk.usage.completion_tokens
+        for choice in chunk.choices:
+            delta = choice.delta
+            if delta.content:
+                text.append(delta.content)
+                on_text(delta.content)
+            for part in delta.tool_calls or []:
+                call = calls.setdefault(part.index, {"id": "", "name": "", "arguments": ""})
+                call["id"] = part.id or call["id"]
+                if part.function:
+                    call["name"] += part.function.name or ""
+                    call["arguments"] += part.function.arguments or ""
+            result.finish_reason = choice.finish_reason or result.finish_reason
+    result.text = "".join(text)
+    result.tool_calls = [
+        ToolCall(id=c["id"] or f"call_{i}", name=c["name"], arguments=c["arguments"])
+        for i, c in sorted(calls.items())
+    ]
+    return result
+
+
+def _classify(error: openai.OpenAIError) -> LLMError:
+    """Rate limits, server errors, timeouts and lost connections are worth retrying; the rest are not."""
+    if isinstance(error, openai.APITimeoutError):
+        return LLMError("The model did not answer in time.", retryable=True)
+    if isinstance(error, openai.APIConnectionError):
+        return LLMError(f"Could not reach the model: {error}", retryable=True)
+    if isinstance(error, openai.APIStatusError):
+        status = error.status_code
+        retryable = status in RETRYABLE_STATUS or status >= 500
+        return LLMError(f"The model returned HTTP {status}: {_error_detail(error)}", retryable=retryable)
+    return LLMError(f"The model request failed: {error}", retryable=False)
+
+
+def _error_detail(error: openai.APIStatusError) -> str:
+    body = error.body
+    if isinstance(body, dict):
+        return str(body.get("message") or body.get("error") or body)[:500]
+    return str(error.message)[:500]
+
+
+def _record(fields: dict[str, Any], started: float, **outcome: Any) -> None:
+    """Write the ledger row on its own connection, so it survives whatever the caller's session does."""
+    row = {
+        **fields,
+        **outcome,
+        "job_run_id": current_job_run_id.get(),
+        "latency_ms": int((time.monotonic() - started) * 1000),
+        "created_at": utcnow(),
+    }
+    with db.engine.begin() as conn:
+        conn.execute(sa.insert(LlmCall), [row])

@@ -1,0 +1,21 @@
+"""The data model: one module per aggregate, all importable from here."""
+
+from webapp.models.accounts import Account, User
+from webapp.models.agents import Agent
+from webapp.models.audit import AuditLog
+from webapp.models.chats import Chat, ChatAgent, Message
+from webapp.models.memories import AgentMemory
+from webapp.models.runs import JobRun, LlmCall
+
+__all__ = [
+    "Account",
+    "Agent",
+    "AgentMemory",
+    "AuditLog",
+    "Chat",
+    "ChatAgent",
+    "JobRun",
+    "LlmCall",
+    "Message",
+    "User",
+]

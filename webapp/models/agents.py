@@ -1,0 +1,34 @@
+from datetime import datetime
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from webapp.extensions import JSON, db
+from webapp.models.accounts import Account
+from webapp.timeutil import utcnow
+
+DEFAULT_CORE_TOKEN_BUDGET = 5000
+
+
+class Agent(db.Model):
+    __tablename__ = "agents"
+    __table_args__ = (sa.UniqueConstraint("account_id", "name", name="uq_agents_account_id_name"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    account_id: Mapped[int] = mapped_column(sa.ForeignKey("accounts.id"), index=True)
+    name: Mapped[str] = mapped_column(sa.String(80))
+    system_prompt: Mapped[str] = mapped_column(sa.Text, default="")
+    model_id: Mapped[str] = mapped_column(sa.String(200))
+    enabled_tools: Mapped[list[str]] = mapped_column(JSON, default=list)
+    core_token_budget: Mapped[int] = mapped_column(default=DEFAULT_CORE_TOKEN_BUDGET)
+    last_refinement_at: Mapped[datetime | None]
+    paused: Mapped[bool] = mapped_column(default=False)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+    account: Mapped[Account] = relationship()
+    chat_agents: Mapped[list["ChatAgent"]] = relationship(back_populates="agent")  # noqa: F821
+
+    def identity(self) -> str:
+        """The agent's system prompt, or the plain identity the specs fall back to."""
+        return self.system_prompt.strip() or f"You are {self.name}."

@@ -1,0 +1,59 @@
+import hashlib
+from datetime import datetime, timedelta
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Mapped, mapped_column, relationship, validates
+
+from webapp.extensions import db
+from webapp.models.agents import Agent
+from webapp.timeutil import utcnow
+from webapp.tokens import count_tokens
+
+MEMORY_TYPES = ("journal", "core")
+MAX_CONTENT_CHARS = 10_000
+JOURNAL_WINDOW = timedelta(days=7)
+
+
+def content_hash_of(content: str) -> str:
+    """The hash two memories share when they say the same thing (case and outer space ignored)."""
+    return hashlib.sha256(content.strip().lower().encode()).hexdigest()
+
+
+class AgentMemory(db.Model):
+    __tablename__ = "agent_memories"
+    __table_args__ = (
+        sa.CheckConstraint(f"length(content) BETWEEN 1 AND {MAX_CONTENT_CHARS}", name="content_length"),
+        sa.Index(
+            "ix_agent_memories_agent_id_memory_type_created_at", "agent_id", "memory_type", "created_at"
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    agent_id: Mapped[int] = mapped_column(sa.ForeignKey("agents.id"))
+    content: Mapped[str] = mapped_column(sa.Text)
+    memory_type: Mapped[str] = mapped_column(
+        sa.Enum(*MEMORY_TYPES, name="memory_type", native_enum=False, create_constraint=True)
+    )
+    constitutional: Mapped[bool] = mapped_column(default=False, index=True)
+    deleted_at: Mapped[datetime | None] = mapped_column(index=True)
+    content_hash: Mapped[str | None] = mapped_column(sa.String(64), index=True)
+    token_estimate: Mapped[int | None]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+    agent: Mapped[Agent] = relationship()
+
+    @validates("content")
+    def _validate_content(self, _key: str, content: str) -> str:
+        content = (content or "").strip()
+        if not 1 <= len(content) <= MAX_CONTENT_CHARS:
+            raise ValueError(f"Memory content must be 1 to {MAX_CONTENT_CHARS:,} characters.")
+        self.content_hash = content_hash_of(content)
+        self.token_estimate = count_tokens(content)
+        return content
+
+    @validates("memory_type")
+    def _validate_memory_type(self, _key: str, memory_type: str) -> str:
+        if memory_type not in MEMORY_TYPES:
+            raise ValueError(f"Memory type must be one of {', '.join(MEMORY_TYPES)}.")
+        return memory_type

@@ -1,0 +1,77 @@
+"""Recurring jobs, registered with rq-scheduler under stable ids. Adding a cadence is one line in SCHEDULES."""
+
+import os
+import time
+from dataclasses import dataclass
+from datetime import datetime
+
+from flask import current_app
+from rq_scheduler import Scheduler
+
+from webapp.queue import redis_connection, rq_queue
+
+HOURLY = "0 * * * *"
+DAILY_0300_UTC = "0 3 * * *"
+WEEKLY_MONDAY_0400_UTC = "0 4 * * 1"
+ID_PREFIX = "cairn-"
+
+
+@dataclass(frozen=True)
+class Schedule:
+    id: str
+    cron: str
+    func: str  # dotted path, resolved by the worker when the job runs
+
+
+SCHEDULES = [
+    Schedule(f"{ID_PREFIX}ping", HOURLY, "webapp.jobs.ping.ping"),
+]
+
+
+def scheduler() -> Scheduler:
+    _use_utc()
+    return Scheduler(queue=rq_queue(), connection=redis_connection(), interval=10)
+
+
+def _use_utc() -> None:
+    # rq-scheduler reads cron strings in the process's local time; Cairn's cadences are UTC.
+    if os.environ.get("TZ") != "UTC":
+        os.environ["TZ"] = "UTC"
+        time.tzset()
+
+
+def sync() -> list[Schedule]:
+    """Make rq-scheduler hold exactly SCHEDULES: replace ours, drop ones no longer listed."""
+    sched = scheduler()
+    for job in sched.get_jobs():
+        if job.id.startswith(ID_PREFIX):
+            sched.cancel(job)
+            job.delete()
+    for item in SCHEDULES:
+        sched.cron(
+            item.cron,
+            func=item.func,
+            id=item.id,
+            queue_name=current_app.config["RQ_QUEUE"],
+            use_local_timezone=False,
+            result_ttl=86400,
+        )
+    return SCHEDULES
+
+
+def registered() -> list[tuple[str, str, datetime]]:
+    """(id, cron, next run in UTC) for each recurring job rq-scheduler holds."""
+    return [
+        (job.id, job.meta.get("cron_string", ""), when)
+        for job, when in scheduler().get_jobs(with_times=True)
+        if job.id.startswith(ID_PREFIX)
+    ]
+
+
+def scheduler_alive() -> bool:
+    """True when a running rq-scheduler has registered itself (its key expires if it dies)."""
+    conn = redis_connection()
+    for key in conn.scan_iter(match=f"{Scheduler.redis_scheduler_namespace_prefix}*"):
+        if not conn.hexists(key, "death"):
+            return True
+    return False
