@@ -1,0 +1,154 @@
+"""A real redis-server, real RQ workers and the whole Procfile under honcho."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from redis import Redis
+from rq import Queue
+from rq.job import Job, JobStatus
+
+from tests import sample_jobs
+from tests.conftest import POSTGRES_URL, free_port
+from webapp import create_app
+from webapp.extensions import db
+from webapp.jobs.ping import ping
+from webapp.models import JobRun
+from webapp.processes import redis_server_argv
+from webapp.queue import enqueue
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _wait_for(predicate, seconds: float = 30, what: str = "condition"):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def redis_server(tmp_path):
+    socket = tmp_path / "redis.sock"
+    server = subprocess.Popen(redis_server_argv(socket, tmp_path))
+    connection = Redis(unix_socket_path=str(socket))
+    _wait_for(lambda: socket.exists() and connection.ping(), what="redis-server")
+    yield f"unix://{socket}"
+    server.terminate()
+    server.wait(10)
+
+
+@pytest.fixture
+def live_app(migrated_database, tmp_path, redis_server, fake_llm):
+    """An app wired to the real redis-server, sharing its database with worker processes."""
+    from tests.conftest import _database_for_test, _settings, _truncate_all
+
+    settings = {**_settings(_database_for_test(migrated_database, tmp_path), fake_llm.base_url)}
+    settings["REDIS_URL"] = redis_server
+    app = create_app(settings)
+    with app.app_context():
+        yield app
+        db.session.remove()
+        if POSTGRES_URL:
+            _truncate_all()
+        db.engine.dispose()
+
+
+def _worker_env(app) -> dict[str, str]:
+    return {
+        **os.environ,
+        "DATABASE_URL": app.config["SQLALCHEMY_DATABASE_URI"],
+        "REDIS_URL": app.config["REDIS_URL"],
+        "LLM_BASE_URL": app.config["LLM_BASE_URL"],
+        "SECRET_KEY": "test",
+    }
+
+
+def _run_burst_worker(app) -> None:
+    subprocess.run(
+        [sys.executable, "worker.py", "--burst"], cwd=ROOT, env=_worker_env(app), check=True, timeout=60
+    )
+
+
+def _runs() -> list[JobRun]:
+    db.session.expire_all()
+    return list(db.session.scalars(sa.select(JobRun).order_by(JobRun.id)))
+
+
+def test_a_real_worker_runs_a_job_in_the_app_context_and_records_it(live_app):
+    enqueue(ping)
+    db.session.commit()
+    [job_id] = Queue("cairn", connection=Redis.from_url(live_app.config["REDIS_URL"])).job_ids
+
+    _run_burst_worker(live_app)
+
+    [run] = _runs()
+    assert (run.job_type, run.status, run.counts, run.rq_job_id) == ("ping", "done", {"database": 1}, job_id)
+
+
+def test_a_real_worker_fails_a_hopeless_job_at_once_and_keeps_the_reason(live_app):
+    enqueue(sample_jobs.fails_for_good)
+    db.session.commit()
+    connection = Redis.from_url(live_app.config["REDIS_URL"])
+    [job_id] = Queue("cairn", connection=connection).job_ids
+
+    _run_burst_worker(live_app)
+
+    assert Job.fetch(job_id, connection=connection).get_status() == JobStatus.FAILED
+    [run] = _runs()
+    assert run.status == "failed" and "bad input" in run.error
+
+
+def test_make_run_processes_come_up_healthy_and_stop_cleanly(tmp_path, fake_llm):
+    """What `make run` starts (minus the local model, replaced by the fake), then Ctrl-C."""
+    instance = tmp_path / "instance"
+    port = free_port()
+    env = {
+        **{k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")},
+        "INSTANCE_PATH": str(instance),
+        "LLM_BASE_URL": fake_llm.base_url,
+        "PORT": str(port),
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    }
+    if POSTGRES_URL:
+        env["DATABASE_URL"] = POSTGRES_URL
+    subprocess.run(["flask", "db", "upgrade"], cwd=ROOT, env=env, check=True, capture_output=True)
+    names = subprocess.run(
+        [sys.executable, "-m", "webapp.processes", "names"], cwd=ROOT, env=env, capture_output=True, text=True
+    ).stdout.split()
+    assert names == ["web", "worker", "scheduler", "redis"]
+
+    honcho = subprocess.Popen(
+        ["honcho", "start", *names], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        health = _wait_for(lambda: _healthy(port), seconds=60, what="GET /healthz to report all up")
+        assert set(health["checks"]) == {"database", "redis", "workers", "scheduler", "llm"}
+    finally:
+        os.killpg(honcho.pid, signal.SIGINT)  # what Ctrl-C in the terminal sends
+        output = honcho.communicate(timeout=30)[0].decode()
+
+    leftovers = subprocess.run(["pgrep", "-f", str(instance)], capture_output=True, text=True).stdout
+    assert leftovers == "", f"processes left behind:\n{leftovers}\n{output}"
+    assert not (instance / "redis.sock").exists()
+
+
+def _healthy(port: int) -> dict | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:
+            return json.load(response)
+    except (urllib.error.URLError, ConnectionError):
+        return None  # not up yet, or 503 while a component is still starting

@@ -1,0 +1,109 @@
+"""End to end against the real local model (SmolLM2 served by llama-cpp-python): structure, not wording."""
+
+import json
+import subprocess
+import time
+import urllib.request
+
+import pytest
+
+from tests.conftest import free_port
+from webapp import llm
+from webapp.config import LOCAL_MODEL_ID
+from webapp.processes import llm_server_argv
+
+pytestmark = pytest.mark.local_model
+
+SAVE_MEMORY = {
+    "type": "function",
+    "function": {
+        "name": "save_memory",
+        "description": "Save a memory.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "content": {"type": "string"},
+                "memory_type": {"type": "string", "enum": ["journal", "core"]},
+            },
+            "required": ["content", "memory_type"],
+        },
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def local_model_url():
+    port = free_port()
+    server = subprocess.Popen(llm_server_argv(port), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/v1"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/models", timeout=2) as response:
+                assert LOCAL_MODEL_ID in [m["id"] for m in json.load(response)["data"]]
+                break
+        except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError("the local model server did not start") from None
+            time.sleep(0.5)
+    yield url
+    server.terminate()
+    server.wait(20)
+
+
+@pytest.fixture
+def local_app(app, local_model_url):
+    client = app.extensions["llm_client"]
+    app.extensions["llm_client"] = client.with_options(base_url=local_model_url, timeout=120)
+    return app
+
+
+def test_a_streamed_reply_arrives_token_by_token(local_app):
+    deltas = []
+
+    result = llm.complete(
+        LOCAL_MODEL_ID,
+        [{"role": "user", "content": "Say hello in five words."}],
+        purpose="reply",
+        on_text=deltas.append,
+    )
+
+    assert len(deltas) > 1
+    assert result.text == "".join(deltas) and result.text.strip()
+    assert result.prompt_tokens > 0 and result.completion_tokens > 0
+
+
+def test_a_forced_tool_call_parses(local_app):
+    result = llm.complete(
+        LOCAL_MODEL_ID,
+        [{"role": "user", "content": "Remember that my favourite colour is green."}],
+        purpose="reply",
+        tools=[SAVE_MEMORY],
+        tool_choice={"type": "function", "function": {"name": "save_memory"}},
+    )
+
+    [call] = result.tool_calls
+    assert call.name == "save_memory"
+    assert isinstance(call.parsed_arguments(), dict)
+
+
+def test_json_output_parses(local_app):
+    result = llm.complete(
+        LOCAL_MODEL_ID,
+        [{"role": "user", "content": 'Answer with JSON: {"journal": [...], "core": [...]}. I like tea.'}],
+        purpose="extract",
+        response_format={
+            "type": "json_object",
+            "schema": {
+                "type": "object",
+                "properties": {
+                    "journal": {"type": "array", "items": {"type": "string"}},
+                    "core": {"type": "array", "items": {"type": "string"}},
+                },
+                "required": ["journal", "core"],
+            },
+        },
+    )
+
+    parsed = json.loads(result.text)
+    assert isinstance(parsed["journal"], list) and isinstance(parsed["core"], list)
