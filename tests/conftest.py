@@ -104,3 +104,49 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+class Auth:
+    def __init__(self, client):
+        self.client = client
+
+    def login(self, user):
+        from tests.factories import PASSWORD
+
+        response = self.client.post("/login", data={"email": user.email, "password": PASSWORD})
+        assert response.status_code == 303, response.text
+        return user
+
+
+@pytest.fixture
+def auth(client):
+    return Auth(client)
+
+
+@pytest.fixture
+def acme(app):
+    from tests import factories
+
+    return factories.account("Acme")
+
+
+@pytest.fixture
+def admin(acme):
+    from tests import factories
+
+    return factories.user(acme, "dana@example.com", "admin")
+
+
+@pytest.fixture
+def member(acme):
+    from tests import factories
+
+    return factories.user(acme, "milo@example.com", "member")
+
+
+@pytest.fixture
+def stranger(app):
+    """An admin of another account, whose rows must stay invisible to Acme."""
+    from tests import factories
+
+    return factories.user(factories.account("Globex"), "eve@globex.example", "admin")

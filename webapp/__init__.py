@@ -4,10 +4,11 @@ import os
 from pathlib import Path
 
 from dotenv import load_dotenv
-from flask import Flask
+from flask import Flask, redirect, url_for
 
 from webapp import config
 from webapp.extensions import csrf, db, login_manager, migrate
+from webapp.timeutil import utcnow
 
 
 def create_app(test_config: dict | None = None) -> Flask:
@@ -28,10 +29,14 @@ def create_app(test_config: dict | None = None) -> Flask:
     llm.init_app(app)
     queue.init_app(app)
 
-    from webapp import models  # noqa: F401  (registers the tables with the metadata)
+    from webapp import agents, auth, chats, health, models  # noqa: F401  (models registers the tables)
     from webapp.cli import register_cli
-    from webapp.health import bp as health_bp
+    from webapp.markdown import render_markdown
 
-    app.register_blueprint(health_bp)
+    for blueprint in (auth.bp, agents.bp, chats.bp, health.bp):
+        app.register_blueprint(blueprint)
+    app.add_url_rule("/", "home", lambda: redirect(url_for("chats.index")))
+    app.jinja_env.filters["markdown"] = render_markdown
+    app.jinja_env.globals["now_utc"] = utcnow
     register_cli(app)
     return app

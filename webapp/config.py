@@ -57,4 +57,10 @@ def load(instance_path: str) -> dict:
         # {"model-id": {"input": dollars per 1M tokens, "output": dollars per 1M tokens}}
         "MODEL_PRICES": json.loads(os.environ.get("MODEL_PRICES", "{}")),
         "JOB_MAX_RETRIES": _int("JOB_MAX_RETRIES", 3),
+        # Replies: how many model turns a tool loop may take, and how much transcript a prompt may carry.
+        "REPLY_MAX_TOOL_TURNS": _int("REPLY_MAX_TOOL_TURNS", 5),
+        "TRANSCRIPT_TOKEN_BUDGET": _int("TRANSCRIPT_TOKEN_BUDGET", 6000),
+        "TRANSCRIPT_MAX_MESSAGES": _int("TRANSCRIPT_MAX_MESSAGES", 200),
+        "MESSAGE_MAX_CHARS": 20_000,
+        "MESSAGES_PER_PAGE": 50,
     }

@@ -30,3 +30,29 @@ class AuditLog(db.Model):
     session_id: Mapped[str | None] = mapped_column(sa.String(36), index=True)
     data: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    @classmethod
+    def record(
+        cls,
+        action: str,
+        target: db.Model,
+        *,
+        account_id: int,
+        agent_id: int | None = None,
+        user_id: int | None = None,
+        session_id: str | None = None,
+        **data: Any,
+    ) -> "AuditLog":
+        """Add (not commit) an audit row for a change to target, so it commits with the change itself."""
+        row = cls(
+            action=action,
+            auditable_type=type(target).__name__,
+            auditable_id=target.id,
+            account_id=account_id,
+            agent_id=agent_id,
+            user_id=user_id,
+            session_id=session_id,
+            data=data,
+        )
+        db.session.add(row)
+        return row

@@ -1,3 +1,4 @@
+import re
 from datetime import datetime
 from typing import Any
 
@@ -45,6 +46,27 @@ class Chat(db.Model):
     @property
     def display_title(self) -> str:
         return self.title or f"Conversation {self.id}"
+
+    @property
+    def is_discarded(self) -> bool:
+        return self.discarded_at is not None
+
+    def mentioned_agents(self, text: str) -> list[Agent]:
+        """The chat's agents named as @Name in text, in the order they are first mentioned."""
+        lowered = text.lower()
+        found = []
+        for agent in self.agents:
+            match = re.search(rf"(?<![\w@])@{re.escape(agent.name.lower())}(?![\w])", lowered)
+            if match:
+                found.append((match.start(), agent))
+        return [agent for _, agent in sorted(found, key=lambda pair: pair[0])]
+
+    def add_message(self, **fields: Any) -> "Message":
+        """Add a message to the chat and mark the chat as active now."""
+        message = Message(chat=self, **fields)
+        db.session.add(message)
+        self.updated_at = utcnow()
+        return message
 
 
 class ChatAgent(db.Model):

@@ -57,3 +57,22 @@ class AgentMemory(db.Model):
         if memory_type not in MEMORY_TYPES:
             raise ValueError(f"Memory type must be one of {', '.join(MEMORY_TYPES)}.")
         return memory_type
+
+
+def active_memories(agent_id: int) -> sa.Select:
+    """Every memory of the agent that is not soft-deleted: the one scope all reads of memory go through."""
+    return sa.select(AgentMemory).where(AgentMemory.agent_id == agent_id, AgentMemory.deleted_at.is_(None))
+
+
+def prompt_memories(agent_id: int, now: datetime) -> sa.Select:
+    """Active core memories, then active journal entries of the last 7 days, oldest first within each."""
+    fresh_journal = sa.and_(
+        AgentMemory.memory_type == "journal", AgentMemory.created_at >= now - JOURNAL_WINDOW
+    )
+    return (
+        active_memories(agent_id)
+        .where(sa.or_(AgentMemory.memory_type == "core", fresh_journal))
+        .order_by(
+            sa.case((AgentMemory.memory_type == "core", 0), else_=1), AgentMemory.created_at, AgentMemory.id
+        )
+    )

@@ -1,0 +1,65 @@
+"""Admins list, create and edit agents; validation errors show on the form."""
+
+import sqlalchemy as sa
+
+from tests import factories
+from webapp.extensions import db
+from webapp.models import Agent
+
+VALID = {"name": "Ada", "system_prompt": "You are Ada.", "model_id": "gpt-x", "core_token_budget": "5000"}
+
+
+def test_create_an_agent(client, auth, admin):
+    auth.login(admin)
+    form = client.get("/agents/new").text
+    assert 'value="smollm2"' in form  # the configured default model
+    assert "save_memory" in form
+
+    response = client.post("/agents/new", data={**VALID, "enabled_tools": ["save_memory"], "paused": "y"})
+
+    assert (response.status_code, response.headers["Location"]) == (303, "/agents/")
+    agent = db.session.scalar(sa.select(Agent))
+    assert (agent.name, agent.model_id, agent.enabled_tools, agent.paused) == (
+        "Ada",
+        "gpt-x",
+        ["save_memory"],
+        True,
+    )
+    assert agent.account_id == admin.account_id
+    assert "Ada" in client.get("/agents/").text
+
+
+def test_validation_errors_are_shown_on_the_form(client, auth, admin):
+    auth.login(admin)
+    factories.agent(admin.account, "Ada")
+
+    response = client.post(
+        "/agents/new", data={**VALID, "name": "ada", "model_id": "", "core_token_budget": "5"}
+    )
+
+    assert response.status_code == 422
+    assert "Another agent already has this name." in response.text
+    assert "This field is required." in response.text
+    assert "Number must be between 100 and 200000." in response.text
+    assert db.session.scalar(sa.select(sa.func.count()).select_from(Agent)) == 1
+
+
+def test_an_unknown_tool_is_refused(client, auth, admin):
+    auth.login(admin)
+
+    response = client.post("/agents/new", data={**VALID, "enabled_tools": ["rm_rf"]})
+
+    assert response.status_code == 422
+    assert "&#39;rm_rf&#39; is not a valid choice" in response.text
+
+
+def test_edit_an_agent(client, auth, admin):
+    auth.login(admin)
+    agent = factories.agent(admin.account, "Ada")
+
+    assert "Edit Ada" in client.get(f"/agents/{agent.id}/edit").text
+    response = client.post(f"/agents/{agent.id}/edit", data={**VALID, "name": "Ada", "system_prompt": "New."})
+
+    assert response.status_code == 303
+    db.session.refresh(agent)
+    assert (agent.system_prompt, agent.enabled_tools) == ("New.", [])

@@ -1,0 +1,274 @@
+"""The chat pages as a person uses them: full pages, HTMX fragments, and bad input."""
+
+import re
+
+import pytest
+import sqlalchemy as sa
+
+from tests import factories
+from webapp.extensions import db
+from webapp.models import Chat, Message
+from webapp.queue import rq_queue
+
+
+@pytest.fixture
+def ada(admin):
+    return factories.agent(admin.account, "Ada")
+
+
+@pytest.fixture
+def basil(admin):
+    return factories.agent(admin.account, "Basil")
+
+
+@pytest.fixture
+def signed_in(auth, admin):
+    return auth.login(admin)
+
+
+def _queued_message_ids() -> list[list[int]]:
+    return [job.args[0] for job in rq_queue().get_jobs()]
+
+
+def _messages(chat) -> list[Message]:
+    db.session.expire_all()
+    return list(db.session.scalars(sa.select(Message).where(Message.chat_id == chat.id).order_by(Message.id)))
+
+
+def test_chat_list_shows_participants_and_latest_activity_first(client, signed_in, ada, basil):
+    older = factories.chat(signed_in.account, [ada], "Tea")
+    newer = factories.chat(signed_in.account, [ada, basil], "Plans")
+    factories.message(older, "hello", author=signed_in)  # now the most recently active
+
+    page = client.get("/chats/")
+    fragment = client.get("/chats/", headers={"HX-Request": "true", "HX-Target": "chat-list"})
+
+    assert page.text.index("Tea") < page.text.index("Plans")
+    assert "with Ada, Basil" in page.text and "<html" in page.text
+    assert fragment.text.lstrip().startswith('<ul id="chat-list"') and "<html" not in fragment.text
+    assert f"/chats/{newer.id}" in fragment.text
+    assert "HX-Request" in page.headers["Vary"]
+
+
+def test_create_a_one_to_one_and_a_group_chat(client, signed_in, ada, basil):
+    one = client.post("/chats/new", data={"title": "Just Ada", "agent_ids": [ada.id]})
+    group = client.post("/chats/new", data={"agent_ids": [ada.id, basil.id]})
+
+    assert one.status_code == group.status_code == 303
+    chats = db.session.scalars(sa.select(Chat).order_by(Chat.id)).all()
+    assert [(c.title, c.manual_responses, [a.name for a in c.agents]) for c in chats] == [
+        ("Just Ada", False, ["Ada"]),
+        ("", True, ["Ada", "Basil"]),
+    ]
+
+
+def test_a_chat_needs_an_agent_of_this_account(client, signed_in, ada, stranger):
+    foreign = factories.agent(stranger.account, "Mallory")
+
+    none_chosen = client.post("/chats/new", data={"title": "x"})
+    foreign_chosen = client.post("/chats/new", data={"agent_ids": [foreign.id]})
+
+    assert none_chosen.status_code == foreign_chosen.status_code == 422
+    assert "Choose at least one agent." in none_chosen.text
+    assert "not a valid choice" in foreign_chosen.text
+    assert db.session.scalar(sa.select(sa.func.count()).select_from(Chat)) == 0
+
+
+def test_chat_page_renders_markdown_and_escapes_html(client, signed_in, ada):
+    chat = factories.chat(signed_in.account, [ada])
+    factories.message(chat, "**bold** <script>alert(1)</script> [x](javascript:alert(2))", author=signed_in)
+    factories.message(chat, "A *reply* with <img src=x onerror=alert(3)>", author=ada)
+
+    page = client.get(f"/chats/{chat.id}").text
+
+    assert "<strong>bold</strong>" in page and "<em>reply</em>" in page
+    assert "<script>alert(1)" not in page and "&lt;script&gt;" in page
+    assert "<img" not in page and 'href="javascript' not in page
+    assert "trigger-bar" not in page  # one-to-one: the agent answers by itself
+    assert f'sse-connect="/chats/{chat.id}/stream"' in page
+
+
+def test_group_chat_page_has_a_button_per_agent_and_ask_all(client, signed_in, ada, basil):
+    chat = factories.chat(signed_in.account, [ada, basil])
+
+    page = client.get(f"/chats/{chat.id}").text
+
+    assert "Ask Ada" in page and "Ask Basil" in page and "Ask all" in page
+
+
+def test_chat_page_loads_the_latest_messages_and_older_ones_on_demand(client, signed_in, ada, app):
+    chat = factories.chat(signed_in.account, [ada])
+    for i in range(120):
+        chat.add_message(role="user", content=f"message number {i}", user=signed_in, status="done")
+    db.session.commit()
+    per_page = app.config["MESSAGES_PER_PAGE"]
+
+    page = client.get(f"/chats/{chat.id}")
+    fragment = client.get(f"/chats/{chat.id}", headers={"HX-Request": "true", "HX-Target": "messages"})
+    first_shown = int(re.search(r"message number (\d+)", page.text).group(1))
+    older_url = re.search(r'hx-get="(/chats/\d+/messages\?before=\d+)"', page.text).group(1)
+    older = client.get(older_url)
+
+    assert first_shown == 120 - per_page
+    assert page.text.count('class="message user') == per_page
+    assert "<html" not in fragment.text and fragment.text.count('class="message user') == per_page
+    assert older.text.count('class="message user') == per_page
+    assert f"message number {120 - 2 * per_page}<" in older.text and "Load older messages" in older.text
+
+
+def test_sending_in_a_one_to_one_chat_asks_the_agent(client, signed_in, ada):
+    chat = factories.chat(signed_in.account, [ada])
+
+    response = client.post(
+        f"/chats/{chat.id}/messages", data={"content": "  Hello Ada  "}, headers={"HX-Request": "true"}
+    )
+
+    assert response.status_code == 200
+    posted, placeholder = _messages(chat)
+    assert (posted.role, posted.content, posted.user_id) == ("user", "Hello Ada", signed_in.id)
+    assert (placeholder.role, placeholder.agent_id, placeholder.status) == ("assistant", ada.id, "pending")
+    assert _queued_message_ids() == [[placeholder.id]]
+    assert "Ada is thinking" in response.text
+    assert 'id="composer" class="composer" hx-swap-oob="true"' in response.text  # the composer is cleared
+
+
+def test_mentions_ask_the_named_agents_in_order(client, signed_in, ada, basil):
+    chat = factories.chat(signed_in.account, [ada, basil])
+
+    client.post(
+        f"/chats/{chat.id}/messages", data={"content": "@basil first, then @Ada. Not @Adam or me@ada.com"}
+    )
+
+    _, first, second = _messages(chat)
+    assert [first.agent_id, second.agent_id] == [basil.id, ada.id]
+    assert _queued_message_ids() == [[first.id, second.id]]
+
+
+def test_a_group_chat_message_without_mentions_asks_nobody(client, signed_in, ada, basil):
+    chat = factories.chat(signed_in.account, [ada, basil])
+
+    client.post(f"/chats/{chat.id}/messages", data={"content": "Just thinking aloud"})
+
+    assert [m.role for m in _messages(chat)] == ["user"]
+    assert _queued_message_ids() == []
+
+
+@pytest.mark.parametrize(
+    ("content", "error"),
+    [
+        ("   ", "Write a message first."),
+        ("x" * 20_001, "That message has 20,001 characters; the limit is 20,000."),
+    ],
+)
+def test_an_empty_or_oversized_message_is_refused_and_kept_in_the_composer(
+    client, signed_in, ada, content, error
+):
+    chat = factories.chat(signed_in.account, [ada])
+
+    response = client.post(
+        f"/chats/{chat.id}/messages", data={"content": content}, headers={"HX-Request": "true"}
+    )
+
+    assert response.status_code == 422
+    assert error in response.text
+    assert response.headers["HX-Retarget"] == "#composer"
+    assert content.strip()[:100] in response.text  # nothing the person typed is lost
+    assert _messages(chat) == []
+
+
+def test_a_message_of_exactly_20000_characters_is_accepted(client, signed_in, ada):
+    chat = factories.chat(signed_in.account, [ada])
+
+    assert client.post(f"/chats/{chat.id}/messages", data={"content": "y" * 20_000}).status_code == 200
+
+
+def test_trigger_one_agent_or_all_in_order(client, signed_in, ada, basil):
+    chat = factories.chat(signed_in.account, [ada, basil])
+
+    client.post(f"/chats/{chat.id}/trigger", data={"agent_id": basil.id})
+    client.post(f"/chats/{chat.id}/trigger", data={"agent_id": "all"})
+
+    replies = _messages(chat)
+    assert [m.agent_id for m in replies] == [basil.id, ada.id, basil.id]
+    assert _queued_message_ids() == [[replies[0].id], [replies[1].id, replies[2].id]]
+
+
+def test_trigger_for_an_agent_not_in_the_chat_or_paused_is_refused(client, signed_in, ada, basil):
+    chat = factories.chat(signed_in.account, [ada], manual=True)
+    paused = factories.agent(signed_in.account, "Zed", paused=True)
+    from webapp.models import ChatAgent
+
+    db.session.add(ChatAgent(chat=chat, agent=paused))
+    db.session.commit()
+
+    outsider = client.post(f"/chats/{chat.id}/trigger", data={"agent_id": basil.id})
+    sleeping = client.post(f"/chats/{chat.id}/trigger", data={"agent_id": paused.id})
+    unknown = client.post(f"/chats/{chat.id}/trigger", data={"agent_id": "999999"})
+
+    assert outsider.status_code == unknown.status_code == 422
+    assert "That agent is not in this chat." in outsider.text and outsider.headers["HX-Retarget"] == "#notice"
+    assert (sleeping.status_code, "Zed is paused." in sleeping.text) == (422, True)
+    assert _messages(chat) == [] and _queued_message_ids() == []
+
+
+def test_retry_a_failed_reply(client, signed_in, ada):
+    chat = factories.chat(signed_in.account, [ada])
+    failed = factories.message(
+        chat, "", author=ada, status="failed", error="The model returned HTTP 400: bad"
+    )
+    finished = factories.message(chat, "fine", author=ada)
+
+    page = client.get(f"/chats/{chat.id}").text
+    retried = client.post(f"/chats/{chat.id}/messages/{failed.id}/retry")
+    refused = client.post(f"/chats/{chat.id}/messages/{finished.id}/retry")
+
+    assert "The reply failed: The model returned HTTP 400: bad" in page and "Retry" in page
+    assert retried.status_code == 200 and "Ada is thinking" in retried.text
+    assert refused.status_code == 422
+    db.session.refresh(failed)
+    assert (failed.status, failed.error) == ("pending", None)
+    assert _queued_message_ids() == [[failed.id]]
+
+
+def test_an_unfinished_reply_answers_204_until_it_is_done(client, signed_in, ada):
+    chat = factories.chat(signed_in.account, [ada])
+    reply = factories.message(chat, "", author=ada, status="streaming")
+    url = f"/chats/{chat.id}/messages/{reply.id}?if_finished=1"
+
+    assert client.get(url).status_code == 204
+    reply.status, reply.content = "done", "All done"
+    db.session.commit()
+    assert "All done" in client.get(url).text
+
+
+def test_rename_add_an_agent_discard_and_restore(client, signed_in, ada, basil):
+    chat = factories.chat(signed_in.account, [ada])
+
+    renamed = client.post(
+        f"/chats/{chat.id}/rename", data={"title": "Tea talk"}, headers={"HX-Request": "true"}
+    )
+    added = client.post(f"/chats/{chat.id}/agents", data={"agent_id": basil.id})
+    again = client.post(f"/chats/{chat.id}/agents", data={"agent_id": basil.id})
+
+    assert 'value="Tea talk"' in renamed.text and "<html" not in renamed.text
+    assert added.status_code == 303 and again.status_code == 422
+    db.session.refresh(chat)
+    assert chat.manual_responses and [a.name for a in chat.agents] == ["Ada", "Basil"]
+    assert [(m.role, m.content) for m in _messages(chat)] == [("system", "Basil joined the conversation.")]
+
+    assert client.post(f"/chats/{chat.id}/discard").status_code == 303
+    assert "Tea talk" not in client.get("/chats/").text
+    assert "Tea talk" in client.get("/chats/?discarded=1").text
+    assert client.post(f"/chats/{chat.id}/messages", data={"content": "hi"}).status_code == 409
+    assert client.post(f"/chats/{chat.id}/restore").status_code == 303
+    assert "Tea talk" in client.get("/chats/").text
+
+
+def test_a_title_over_200_characters_is_refused(client, signed_in, ada):
+    chat = factories.chat(signed_in.account, [ada], "Keep")
+
+    response = client.post(f"/chats/{chat.id}/rename", data={"title": "t" * 201})
+
+    assert response.status_code == 422
+    db.session.refresh(chat)
+    assert chat.title == "Keep"

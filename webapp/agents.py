@@ -1,0 +1,98 @@
+"""Agents: list, create, edit (admins only)."""
+
+import sqlalchemy as sa
+from flask import Blueprint, current_app, redirect, render_template, url_for
+from flask_login import current_user
+from flask_wtf import FlaskForm
+from wtforms import BooleanField, IntegerField, SelectMultipleField, StringField, TextAreaField, widgets
+from wtforms.validators import DataRequired, Length, NumberRange, Regexp, ValidationError
+
+from webapp.auth import admin_required, owned_or_404
+from webapp.extensions import db
+from webapp.models import Agent
+from webapp.tools import REGISTRY
+
+bp = Blueprint("agents", __name__, url_prefix="/agents")
+
+
+class AgentForm(FlaskForm):
+    name = StringField(
+        "Name",
+        validators=[
+            DataRequired(),
+            Length(max=40),
+            Regexp(r"^[\w][\w .'-]*$", message="Use letters, digits, spaces, dots, dashes or apostrophes."),
+        ],
+    )
+    system_prompt = TextAreaField("System prompt", validators=[Length(max=20_000)])
+    model_id = StringField("Model", validators=[DataRequired(), Length(max=200)])
+    enabled_tools = SelectMultipleField(
+        "Tools", widget=widgets.ListWidget(prefix_label=False), option_widget=widgets.CheckboxInput()
+    )
+    core_token_budget = IntegerField(
+        "Core memory budget (tokens)", validators=[NumberRange(min=100, max=200_000)]
+    )
+    paused = BooleanField("Paused (answers nothing, runs no memory jobs)")
+
+    def __init__(self, *args, agent: Agent | None = None, **kwargs):
+        super().__init__(*args, obj=agent, **kwargs)
+        self.agent = agent
+        self.enabled_tools.choices = [
+            (name, f"{name}: {tool.description.split('. ')[0]}.") for name, tool in REGISTRY.items()
+        ]
+
+    def validate_name(self, field) -> None:
+        taken = db.session.scalar(
+            sa.select(Agent.id).where(
+                Agent.account_id == current_user.account_id,
+                sa.func.lower(Agent.name) == field.data.strip().lower(),
+                Agent.id != (self.agent.id if self.agent else -1),
+            )
+        )
+        if taken:
+            raise ValidationError("Another agent already has this name.")
+
+
+@bp.get("/")
+@admin_required
+def index():
+    """Every agent of the account."""
+    agents = db.session.scalars(
+        sa.select(Agent).where(Agent.account_id == current_user.account_id).order_by(Agent.name)
+    ).all()
+    return render_template("agents/index.html", agents=agents)
+
+
+@bp.route("/new", methods=["GET", "POST"])
+@admin_required
+def new():
+    """Create an agent."""
+    form = AgentForm(data={"model_id": current_app.config["DEFAULT_MODEL_ID"], "core_token_budget": 5000})
+    if form.validate_on_submit():
+        agent = Agent(account_id=current_user.account_id)
+        _save(form, agent)
+        return redirect(url_for("agents.index"), code=303)
+    return render_template("agents/form.html", form=form, agent=None), 422 if form.errors else 200
+
+
+@bp.route("/<int:agent_id>/edit", methods=["GET", "POST"])
+@admin_required
+def edit(agent_id: int):
+    """Edit an agent."""
+    agent = owned_or_404(Agent, agent_id)
+    form = AgentForm(agent=agent)
+    if form.validate_on_submit():
+        _save(form, agent)
+        return redirect(url_for("agents.index"), code=303)
+    return render_template("agents/form.html", form=form, agent=agent), 422 if form.errors else 200
+
+
+def _save(form: AgentForm, agent: Agent) -> None:
+    agent.name = form.name.data.strip()
+    agent.system_prompt = (form.system_prompt.data or "").strip()
+    agent.model_id = form.model_id.data.strip()
+    agent.enabled_tools = [name for name in form.enabled_tools.data if name in REGISTRY]
+    agent.core_token_budget = form.core_token_budget.data
+    agent.paused = form.paused.data
+    db.session.add(agent)
+    db.session.commit()

@@ -1,0 +1,313 @@
+"""Chats: the list, creating and governing chats, the chat page, sending messages, triggers and live replies."""
+
+from datetime import timedelta
+
+import sqlalchemy as sa
+from flask import (
+    Blueprint,
+    Response,
+    abort,
+    current_app,
+    redirect,
+    render_template,
+    request,
+    stream_with_context,
+    url_for,
+)
+from flask_login import current_user, login_required
+from flask_wtf import FlaskForm
+from markupsafe import escape
+from sqlalchemy.orm import joinedload, selectinload
+from wtforms import SelectMultipleField, StringField, TextAreaField, widgets
+from wtforms.validators import DataRequired, Length, ValidationError
+
+from webapp import events
+from webapp.auth import owned_or_404
+from webapp.extensions import db
+from webapp.jobs.replies import request_replies, retry_reply
+from webapp.models import Agent, Chat, ChatAgent, Message
+from webapp.timeutil import utcnow
+
+bp = Blueprint("chats", __name__, url_prefix="/chats")
+
+STUCK_AFTER = timedelta(minutes=10)  # a reply this long unfinished lost its worker; offer a retry
+STREAM_SECONDS = 300  # browsers reconnect after this, so no connection lives forever
+
+
+class ChatForm(FlaskForm):
+    title = StringField("Title", validators=[Length(max=200)])
+    agent_ids = SelectMultipleField(
+        "Agents",
+        coerce=int,
+        validators=[DataRequired(message="Choose at least one agent.")],
+        widget=widgets.ListWidget(prefix_label=False),
+        option_widget=widgets.CheckboxInput(),
+    )
+
+
+class MessageForm(FlaskForm):
+    content = TextAreaField("Message")
+
+    def validate_content(self, field) -> None:
+        text = (field.data or "").strip()
+        limit = current_app.config["MESSAGE_MAX_CHARS"]
+        if not text:
+            raise ValidationError("Write a message first.")
+        if len(text) > limit:
+            raise ValidationError(f"That message has {len(text):,} characters; the limit is {limit:,}.")
+
+
+def _account_agents() -> list[Agent]:
+    return db.session.scalars(
+        sa.select(Agent).where(Agent.account_id == current_user.account_id).order_by(Agent.name)
+    ).all()
+
+
+@bp.get("/")
+@login_required
+def index():
+    """The account's chats, most recently active first (or the discarded ones)."""
+    discarded = request.args.get("discarded") == "1"
+    chats = db.session.scalars(
+        sa.select(Chat)
+        .options(selectinload(Chat.agents))
+        .where(Chat.account_id == current_user.account_id)
+        .where(Chat.discarded_at.is_not(None) if discarded else Chat.discarded_at.is_(None))
+        .order_by(Chat.updated_at.desc())
+    ).all()
+    template = "chats/_list.html" if request.headers.get("HX-Target") == "chat-list" else "chats/index.html"
+    response = Response(render_template(template, chats=chats, discarded=discarded))
+    response.vary.add("HX-Request")
+    return response
+
+
+@bp.route("/new", methods=["GET", "POST"])
+@login_required
+def new():
+    """Start a chat with one agent (it answers every message) or several (they answer when asked)."""
+    form = ChatForm()
+    form.agent_ids.choices = [(a.id, a.name) for a in _account_agents()]
+    if form.validate_on_submit():
+        chosen = [a for a in _account_agents() if a.id in form.agent_ids.data]
+        chat = Chat(account_id=current_user.account_id, title=(form.title.data or "").strip())
+        chat.manual_responses = len(chosen) > 1
+        chat.chat_agents = [ChatAgent(agent=agent) for agent in chosen]
+        db.session.add(chat)
+        db.session.commit()
+        return redirect(url_for("chats.show", chat_id=chat.id), code=303)
+    return render_template("chats/new.html", form=form), 422 if form.errors else 200
+
+
+def _page_of_messages(chat: Chat, before: int | None) -> tuple[list[Message], bool]:
+    """One page of messages, oldest first, and whether older ones exist."""
+    per_page = current_app.config["MESSAGES_PER_PAGE"]
+    query = (
+        sa.select(Message)
+        .options(joinedload(Message.user), joinedload(Message.agent))
+        .where(Message.chat_id == chat.id)
+        .order_by(Message.id.desc())
+        .limit(per_page + 1)
+    )
+    if before is not None:
+        query = query.where(Message.id < before)
+    newest_first = db.session.scalars(query).all()
+    return newest_first[:per_page][::-1], len(newest_first) > per_page
+
+
+@bp.get("/<int:chat_id>")
+@login_required
+def show(chat_id: int):
+    """The chat page: the latest messages, the composer and (in group chats) the trigger bar."""
+    chat = owned_or_404(Chat, chat_id)
+    messages, has_older = _page_of_messages(chat, None)
+    context = dict(
+        chat=chat, messages=messages, has_older=has_older, form=MessageForm(), stuck_after=STUCK_AFTER
+    )
+    if request.headers.get("HX-Target") == "messages":
+        response = Response(render_template("chats/_messages.html", **context))
+    else:
+        in_chat = {a.id for a in chat.agents}
+        addable = [a for a in _account_agents() if a.id not in in_chat]
+        response = Response(render_template("chats/show.html", addable=addable, **context))
+    response.vary.add("HX-Request")
+    return response
+
+
+@bp.get("/<int:chat_id>/messages")
+@login_required
+def older(chat_id: int):
+    """The page of messages before ?before=ID, for "Load older messages"."""
+    chat = owned_or_404(Chat, chat_id)
+    messages, has_older = _page_of_messages(chat, request.args.get("before", type=int))
+    return render_template(
+        "chats/_page.html", chat=chat, messages=messages, has_older=has_older, stuck_after=STUCK_AFTER
+    )
+
+
+@bp.get("/<int:chat_id>/messages/<int:message_id>")
+@login_required
+def message(chat_id: int, message_id: int):
+    """One message; with ?if_finished=1 a 204 while the reply is still being generated."""
+    chat = owned_or_404(Chat, chat_id)
+    found = _message_in(chat, message_id)
+    if request.args.get("if_finished") and found.status in ("pending", "streaming"):
+        return "", 204
+    return render_template("chats/_message.html", chat=chat, message=found, stuck_after=STUCK_AFTER)
+
+
+def _message_in(chat: Chat, message_id: int) -> Message:
+    found = db.session.scalar(sa.select(Message).where(Message.id == message_id, Message.chat_id == chat.id))
+    if found is None:
+        abort(404)
+    return found
+
+
+@bp.post("/<int:chat_id>/messages")
+@login_required
+def send(chat_id: int):
+    """Post a message; the single agent of a one-to-one chat, or each @mentioned agent, is asked to reply."""
+    chat = _open_chat(chat_id)
+    form = MessageForm()
+    if not form.validate():
+        return _composer_error(chat, form)
+    content = form.content.data.strip()
+    posted = chat.add_message(role="user", content=content, user=current_user, status="done")
+    asked = chat.agents if not chat.manual_responses else chat.mentioned_agents(content)
+    replies = request_replies(chat, [a for a in asked if not a.paused])
+    db.session.commit()
+    return render_template(
+        "chats/_sent.html",
+        chat=chat,
+        messages=[posted, *replies],
+        form=MessageForm(formdata=None),
+        stuck_after=STUCK_AFTER,
+    )
+
+
+def _composer_error(chat: Chat, form: MessageForm):
+    response = Response(render_template("chats/_composer.html", chat=chat, form=form), status=422)
+    response.headers.update({"HX-Retarget": "#composer", "HX-Reswap": "outerHTML"})
+    return response
+
+
+@bp.post("/<int:chat_id>/trigger")
+@login_required
+def trigger(chat_id: int):
+    """Ask one agent of the chat (agent_id=ID) or all of them one after another (agent_id=all) to reply."""
+    chat = _open_chat(chat_id)
+    wanted = request.form.get("agent_id", "")
+    agents = [a for a in chat.agents if wanted == "all" or str(a.id) == wanted]
+    if not agents:
+        return _notice("That agent is not in this chat.", 422)
+    ready = [a for a in agents if not a.paused]
+    if not ready:
+        return _notice(f"{agents[0].name} is paused.", 422)
+    replies = request_replies(chat, ready)
+    db.session.commit()
+    return render_template(
+        "chats/_sent.html", chat=chat, messages=replies, form=None, stuck_after=STUCK_AFTER
+    )
+
+
+def _notice(text: str, status: int):
+    response = Response(render_template("_notice.html", text=text), status=status)
+    response.headers.update({"HX-Retarget": "#notice", "HX-Reswap": "outerHTML"})
+    return response
+
+
+@bp.post("/<int:chat_id>/messages/<int:message_id>/retry")
+@login_required
+def retry(chat_id: int, message_id: int):
+    """Queue a failed (or stuck) reply again."""
+    chat = _open_chat(chat_id)
+    found = _message_in(chat, message_id)
+    stuck = found.status in ("pending", "streaming") and found.updated_at < utcnow() - STUCK_AFTER
+    if found.role != "assistant" or not (found.status == "failed" or stuck):
+        return _notice("Only a failed or stuck reply can be retried.", 422)
+    retry_reply(found)
+    db.session.commit()
+    return render_template("chats/_message.html", chat=chat, message=found, stuck_after=STUCK_AFTER)
+
+
+@bp.post("/<int:chat_id>/rename")
+@login_required
+def rename(chat_id: int):
+    """Rename the chat in place."""
+    chat = owned_or_404(Chat, chat_id)
+    title = request.form.get("title", "").strip()
+    if len(title) > 200:
+        return _notice("A title has at most 200 characters.", 422)
+    chat.title = title
+    db.session.commit()
+    return render_template("chats/_title.html", chat=chat)
+
+
+@bp.post("/<int:chat_id>/agents")
+@login_required
+def add_agent(chat_id: int):
+    """Add an agent of the account to the chat; it becomes a group chat and a notice says who joined."""
+    chat = _open_chat(chat_id)
+    agent = owned_or_404(Agent, request.form.get("agent_id", type=int) or 0)
+    if agent in chat.agents:
+        return _notice(f"{agent.name} is already in this chat.", 422)
+    db.session.add(ChatAgent(chat=chat, agent=agent))
+    chat.manual_responses = True
+    chat.add_message(role="system", content=f"{agent.name} joined the conversation.", status="done")
+    db.session.commit()
+    return redirect(url_for("chats.show", chat_id=chat.id), code=303)
+
+
+@bp.post("/<int:chat_id>/discard")
+@login_required
+def discard(chat_id: int):
+    """Discard the chat (it can be restored)."""
+    chat = owned_or_404(Chat, chat_id)
+    chat.discarded_at = utcnow()
+    db.session.commit()
+    return redirect(url_for("chats.index"), code=303)
+
+
+@bp.post("/<int:chat_id>/restore")
+@login_required
+def restore(chat_id: int):
+    """Bring a discarded chat back."""
+    chat = owned_or_404(Chat, chat_id)
+    chat.discarded_at = None
+    db.session.commit()
+    return redirect(url_for("chats.show", chat_id=chat.id), code=303)
+
+
+def _open_chat(chat_id: int) -> Chat:
+    chat = owned_or_404(Chat, chat_id)
+    if chat.is_discarded:
+        abort(409, "This chat is discarded; restore it to continue.")
+    return chat
+
+
+@bp.get("/<int:chat_id>/stream")
+@login_required
+def stream(chat_id: int):
+    """Server-Sent Events for this chat: reply text as it streams, then each finished message."""
+    chat = owned_or_404(Chat, chat_id)
+    seconds = min(request.args.get("seconds", STREAM_SECONDS, type=float), STREAM_SECONDS)
+
+    def generate():
+        yield ": connected\n\n"
+        for event in events.listen(chat.id, seconds):
+            if event is None:
+                yield ": keepalive\n\n"
+            elif event["kind"] == "delta":
+                yield events.sse(f"delta-{event['message_id']}", str(escape(event["text"])))
+            else:
+                yield events.sse(f"final-{event['message_id']}", _render_final(chat, event["message_id"]))
+
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return Response(stream_with_context(generate()), mimetype="text/event-stream", headers=headers)
+
+
+def _render_final(chat: Chat, message_id: int) -> str:
+    db.session.expire_all()  # the worker changed the row since this request began
+    found = db.session.get(Message, message_id)
+    html = render_template("chats/_message.html", chat=chat, message=found, stuck_after=STUCK_AFTER)
+    db.session.commit()  # end the read transaction, so the next render sees the next change
+    return html

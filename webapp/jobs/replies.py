@@ -1,0 +1,131 @@
+"""Agent replies: a tool loop against the agent's own model, streamed to the chat page as it is generated."""
+
+from typing import Any
+
+from flask import current_app
+from rq import get_current_job
+
+from webapp import events, llm
+from webapp.extensions import db
+from webapp.llm import LLMError
+from webapp.models import Agent, Chat, Message
+from webapp.prompt import build_messages
+from webapp.queue import enqueue, recorded_job
+from webapp.tools import ToolContext, run_tool_call, schemas_for
+
+
+class ReplyFailed(Exception):
+    """Some replies of a job failed for good; each message already shows its own reason."""
+
+
+def _target(message_ids: list[int]) -> str:
+    return "messages:" + ",".join(str(i) for i in message_ids)
+
+
+@recorded_job("reply", target=_target)
+def respond(message_ids: list[int]) -> dict[str, int]:
+    """Generate the pending replies in order (one agent, or "ask all"); each sees the replies before it."""
+    answered, failed = 0, []
+    for message_id in message_ids:
+        message = db.session.get(Message, message_id)
+        if message is None or message.status == "done":
+            continue  # already answered by an earlier attempt of this job
+        try:
+            generate_reply(message)
+            answered += 1
+        except LLMError as error:
+            if error.retryable and _retries_left() > 0:
+                raise  # RQ retries the job with backoff; finished replies are skipped then
+            failed.append(message_id)
+    if failed:
+        raise ReplyFailed(f"replies failed: {', '.join(map(str, failed))}")
+    return {"replies": answered}
+
+
+def generate_reply(message: Message) -> None:
+    """Run the agent's tool loop for this placeholder message and store the final answer (or the failure)."""
+    message.status, message.error = "streaming", None
+    db.session.commit()
+    try:
+        text, prompt_tokens, completion_tokens, tools_used = _tool_loop(message)
+        if not text.strip():
+            raise LLMError("The model returned an empty reply.", retryable=False)
+    except LLMError as error:
+        will_retry = error.retryable and _retries_left() > 0
+        _unfinished(message, f"{error} Trying again shortly." if will_retry else str(error), will_retry)
+        raise
+    except Exception:
+        db.session.rollback()
+        _unfinished(message, "Cairn could not build this reply (an internal error was logged).", False)
+        raise
+    message.content = text.strip()
+    message.status = "done"
+    message.input_tokens, message.output_tokens = prompt_tokens, completion_tokens
+    message.tools_used = tools_used or None
+    db.session.commit()
+    events.publish(message.chat_id, "final", message.id)
+
+
+def _unfinished(message: Message, reason: str, will_retry: bool) -> None:
+    """Show the reply as waiting for a retry, or as failed with its reason; streamed text is discarded."""
+    message.status = "pending" if will_retry else "failed"
+    message.error = reason
+    db.session.commit()
+    events.publish(message.chat_id, "final", message.id)
+
+
+def _tool_loop(message: Message) -> tuple[str, int, int, list[str]]:
+    """Ask the model, run the tools it calls, feed the results back; the last turn offers no tools."""
+    chat, agent = message.chat, message.agent
+    messages: list[dict[str, Any]] = build_messages(chat, agent, before_message_id=message.id)
+    tools = schemas_for(agent.enabled_tools)
+    context = ToolContext(agent=agent, chat=chat, message=message)
+    max_turns = current_app.config["REPLY_MAX_TOOL_TURNS"]
+    prompt_tokens = completion_tokens = 0
+    tools_used: list[str] = []
+    for turn in range(max_turns):
+        result = llm.complete(
+            agent.model_id,
+            messages,
+            purpose="reply",
+            tools=tools if tools and turn < max_turns - 1 else None,
+            agent_id=agent.id,
+            chat_id=chat.id,
+            on_text=lambda delta: events.publish(chat.id, "delta", message.id, delta),
+        )
+        prompt_tokens += result.prompt_tokens
+        completion_tokens += result.completion_tokens
+        if not result.tool_calls:
+            return result.text, prompt_tokens, completion_tokens, tools_used
+        messages.append(
+            {
+                "role": "assistant",
+                "content": result.text or None,
+                "tool_calls": [c.as_message_part() for c in result.tool_calls],
+            }
+        )
+        for call in result.tool_calls:
+            messages.append(run_tool_call(call, context).as_message(call.id))
+            tools_used.append(call.name)
+    return result.text, prompt_tokens, completion_tokens, tools_used
+
+
+def _retries_left() -> int:
+    job = get_current_job()
+    return (job.retries_left or 0) if job else 0
+
+
+def request_replies(chat: Chat, agents: list[Agent]) -> list[Message]:
+    """Add a pending reply per agent, in this order, and enqueue one job that answers them once committed."""
+    if not agents:
+        return []
+    placeholders = [chat.add_message(role="assistant", agent=agent, status="pending") for agent in agents]
+    db.session.flush()
+    enqueue(respond, [p.id for p in placeholders])
+    return placeholders
+
+
+def retry_reply(message: Message) -> None:
+    """Put a failed (or stuck) reply back in the queue."""
+    message.status, message.error = "pending", None
+    enqueue(respond, [message.id])

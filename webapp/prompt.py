@@ -1,0 +1,97 @@
+"""Prompt assembly: the one function that builds the messages for an agent's activation (DESIGN.md section 4).
+
+Stable text first so providers can cache the prefix: the agent's system prompt, then the transcript, then the
+volatile context (memory, time, participants) at the end.
+"""
+
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from flask import current_app
+from sqlalchemy.orm import joinedload
+
+from webapp.extensions import db
+from webapp.models import Agent, AgentMemory, Chat, Message, User
+from webapp.models.memories import prompt_memories
+from webapp.timeutil import utcnow
+from webapp.tokens import count_tokens
+
+TRUNCATION_NOTE = "(Earlier messages of this conversation are not shown; only the most recent ones fit.)"
+
+
+def build_messages(chat: Chat, agent: Agent, *, before_message_id: int | None = None) -> list[dict[str, Any]]:
+    """The OpenAI messages for `agent` answering in `chat`, seeing the finished messages before the given id."""
+    now = utcnow()
+    transcript, truncated = _transcript(chat, agent, before_message_id)
+    context = [_memory_section(agent, now), _now_section(chat, agent, now)]
+    if truncated:
+        context.insert(0, TRUNCATION_NOTE)
+    return [
+        {"role": "system", "content": agent.identity()},
+        *transcript,
+        {"role": "system", "content": "\n\n".join(context)},
+    ]
+
+
+def _transcript(chat: Chat, agent: Agent, before_message_id: int | None) -> tuple[list[dict[str, str]], bool]:
+    """The most recent finished messages that fit the token budget, oldest first; and whether any were cut."""
+    limit = current_app.config["TRANSCRIPT_MAX_MESSAGES"]
+    query = (
+        sa.select(Message)
+        .options(joinedload(Message.user), joinedload(Message.agent))
+        .where(Message.chat_id == chat.id, Message.status == "done", Message.content != "")
+        .order_by(Message.id.desc())
+        .limit(limit + 1)
+    )
+    if before_message_id is not None:
+        query = query.where(Message.id < before_message_id)
+    newest_first = list(db.session.scalars(query))
+    budget = chat.transcript_token_budget or current_app.config["TRANSCRIPT_TOKEN_BUDGET"]
+    kept: list[dict[str, str]] = []
+    used = 0
+    for message in newest_first[:limit]:
+        entry = _transcript_entry(message, agent)
+        used += count_tokens(entry["content"])
+        if used > budget and kept:
+            break
+        kept.append(entry)
+    return kept[::-1], len(kept) < len(newest_first)
+
+
+def _transcript_entry(message: Message, agent: Agent) -> dict[str, str]:
+    if message.role == "assistant" and message.agent_id == agent.id:
+        return {"role": "assistant", "content": message.content}
+    return {"role": "user", "content": f"{message.author_name}: {message.content}"}
+
+
+def _memory_section(agent: Agent, now: datetime) -> str:
+    memories = list(db.session.scalars(prompt_memories(agent.id, now)))
+    core = [m for m in memories if m.memory_type == "core"]
+    journal = [m for m in memories if m.memory_type == "journal"]
+    if not memories:
+        return "# Your memory\n\nYou have no memories yet."
+    lines = ["# Your memory"]
+    if core:
+        lines += ["", "## Core memories (permanent)", *(f"- {m.content}" for m in core)]
+    if journal:
+        lines += ["", "## Journal (last 7 days)", *(f"- {_date(m)}: {m.content}" for m in journal)]
+    return "\n".join(lines)
+
+
+def _date(memory: AgentMemory) -> str:
+    return memory.created_at.strftime("%Y-%m-%d")
+
+
+def _now_section(chat: Chat, agent: Agent, now: datetime) -> str:
+    agents = [f"{a.name} (you)" if a.id == agent.id else f"{a.name} (agent)" for a in chat.agents]
+    people = db.session.scalars(
+        sa.select(User)
+        .where(User.id.in_(sa.select(Message.user_id).where(Message.chat_id == chat.id)))
+        .order_by(User.id)
+    )
+    participants = agents + [f"{u.display_name} (person)" for u in people]
+    return (
+        f"# Now\n\nCurrent time: {now:%Y-%m-%d %H:%M} UTC\n"
+        f"Conversation: {chat.display_title}\nParticipants: {', '.join(participants)}"
+    )

@@ -1,0 +1,60 @@
+from typing import Any
+
+from webapp.extensions import db
+from webapp.models import AgentMemory, AuditLog
+from webapp.models.memories import JOURNAL_WINDOW, MAX_CONTENT_CHARS
+from webapp.timeutil import utcnow
+from webapp.tools.base import Tool, ToolContext
+
+DESCRIPTION = (
+    "Save something to your own long-term memory. Use 'journal' for facts, commitments and context worth "
+    "keeping for now (journal entries fade after 7 days); use 'core' for lasting beliefs, relationships and "
+    "lessons (permanent). Save one clear, self-contained statement per call."
+)
+
+
+def save_memory(context: ToolContext, content: str, memory_type: str) -> dict[str, Any]:
+    """Save a memory for the agent that called the tool, and say when it will fade."""
+    content = content.strip()
+    if not content:
+        return {"error": "content must not be empty."}
+    memory = AgentMemory(agent_id=context.agent.id, content=content, memory_type=memory_type)
+    db.session.add(memory)
+    db.session.flush()
+    AuditLog.record(
+        "memory_create",
+        memory,
+        account_id=context.agent.account_id,
+        agent_id=context.agent.id,
+        after={"content": memory.content, "memory_type": memory_type},
+        via="save_memory",
+        chat_id=context.chat.id,
+    )
+    db.session.commit()
+    if memory_type == "journal":
+        fades = (utcnow() + JOURNAL_WINDOW).strftime("%Y-%m-%d")
+        note = f"Saved to your journal. It will fade after 7 days, on {fades}."
+    else:
+        note = "Saved to your core memory. Core memories are permanent."
+    return {"saved": True, "memory_id": memory.id, "memory_type": memory_type, "note": note}
+
+
+TOOL = Tool(
+    name="save_memory",
+    description=DESCRIPTION,
+    parameters={
+        "type": "object",
+        "properties": {
+            "content": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": MAX_CONTENT_CHARS,
+                "description": "The memory, in your own words.",
+            },
+            "memory_type": {"type": "string", "enum": ["journal", "core"], "description": "journal or core"},
+        },
+        "required": ["content", "memory_type"],
+        "additionalProperties": False,
+    },
+    run=save_memory,
+)
