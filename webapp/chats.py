@@ -306,8 +306,6 @@ def stream(chat_id: int):
 
 
 def _render_final(chat: Chat, message_id: int) -> str:
-    db.session.expire_all()  # the worker changed the row since this request began
+    db.session.close()  # a new transaction sees what the worker committed since this stream began
     found = db.session.get(Message, message_id)
-    html = render_template("chats/_message.html", chat=chat, message=found, stuck_after=STUCK_AFTER)
-    db.session.commit()  # end the read transaction, so the next render sees the next change
-    return html
+    return render_template("chats/_message.html", chat=chat, message=found, stuck_after=STUCK_AFTER)

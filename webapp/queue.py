@@ -47,8 +47,8 @@ def enqueue(func: Callable[..., Any], *args: Any, retry: bool = True, **options:
 @sa.event.listens_for(FlaskSession, "after_commit")
 def _enqueue_pending(session: sa.orm.Session) -> None:
     for queue, func, args, retry, options in session.info.pop(_PENDING, []):
-        if retry:
-            max_retries = current_app.config["JOB_MAX_RETRIES"]
+        max_retries = current_app.config["JOB_MAX_RETRIES"]
+        if retry and max_retries > 0:
             options.setdefault("retry", Retry(max=max_retries, interval=RETRY_INTERVALS[:max_retries]))
         queue.enqueue(func, *args, **options)
 

@@ -1,0 +1,117 @@
+"""Prompt assembly: system prompt, transcript, then memory, time and participants; only active memory."""
+
+from datetime import timedelta
+
+import time_machine
+
+from tests import factories
+from webapp.extensions import db
+from webapp.prompt import TRUNCATION_NOTE, build_messages
+from webapp.timeutil import utcnow
+
+NOW = "2026-11-21 12:00:00Z"
+
+
+@time_machine.travel(NOW, tick=False)
+def test_parts_arrive_in_order_with_roles_and_authors(admin):
+    ada = factories.agent(admin.account, "Ada", system_prompt="You are Ada, a botanist.")
+    basil = factories.agent(admin.account, "Basil")
+    chat = factories.chat(admin.account, [ada, basil], "Garden")
+    factories.message(chat, "Which rose?", author=admin)
+    factories.message(chat, "A damask.", author=basil)
+    factories.message(chat, "Agreed.", author=ada)
+    factories.message(chat, "Basil joined the conversation.", role="system")
+    factories.memory(ada, "I love roses.", "core")
+    factories.memory(ada, "Dana asked about roses.", "journal")
+
+    messages = build_messages(chat, ada)
+
+    assert messages[0] == {"role": "system", "content": "You are Ada, a botanist."}
+    assert messages[1:5] == [
+        {"role": "user", "content": "dana: Which rose?"},
+        {"role": "user", "content": "Basil: A damask."},
+        {"role": "assistant", "content": "Agreed."},
+        {"role": "user", "content": "System: Basil joined the conversation."},
+    ]
+    context = messages[-1]["content"]
+    assert messages[-1]["role"] == "system" and len(messages) == 6
+    assert context.index("## Core memories") < context.index("- I love roses.") < context.index("## Journal")
+    assert "- 2026-11-21: Dana asked about roses." in context
+    assert "Current time: 2026-11-21 12:00 UTC" in context
+    assert "Participants: Ada (you), Basil (agent), dana (person)" in context
+
+
+def test_without_a_system_prompt_the_agent_is_its_name(admin):
+    ada = factories.agent(admin.account, "Ada")
+    chat = factories.chat(admin.account, [ada])
+
+    assert build_messages(chat, ada)[0] == {"role": "system", "content": "You are Ada."}
+
+
+def test_only_active_memory_reaches_the_prompt(admin):
+    ada = factories.agent(admin.account, "Ada")
+    chat = factories.chat(admin.account, [ada])
+    factories.memory(ada, "kept core", "core")
+    factories.memory(ada, "deleted core", "core", deleted_at=utcnow())
+    factories.memory(ada, "fresh journal", "journal", created_at=utcnow() - timedelta(days=6))
+    factories.memory(ada, "faded journal", "journal", created_at=utcnow() - timedelta(days=8))
+    factories.memory(ada, "deleted journal", "journal", deleted_at=utcnow())
+    other = factories.agent(admin.account, "Basil")
+    factories.memory(other, "someone else's memory", "core")
+
+    context = build_messages(chat, ada)[-1]["content"]
+
+    assert "kept core" in context and "fresh journal" in context
+    for absent in ("deleted core", "faded journal", "deleted journal", "someone else's"):
+        assert absent not in context
+
+
+def test_a_reply_sees_only_finished_messages_before_it(admin):
+    ada = factories.agent(admin.account, "Ada")
+    basil = factories.agent(admin.account, "Basil")
+    chat = factories.chat(admin.account, [ada, basil])
+    factories.message(chat, "Question?", author=admin)
+    factories.message(chat, "", author=basil, status="failed", error="boom")
+    first = factories.message(chat, "Basil's answer", author=basil)
+    mine = factories.message(chat, "", author=ada, status="pending")
+    factories.message(chat, "Later message", author=admin)
+
+    transcript = [m["content"] for m in build_messages(chat, ada, before_message_id=mine.id)[1:-1]]
+
+    assert transcript == ["dana: Question?", "Basil: Basil's answer"]
+    assert first.id < mine.id
+
+
+def test_a_long_history_keeps_the_newest_messages_within_budget_and_says_so(admin, app):
+    app.config["TRANSCRIPT_TOKEN_BUDGET"] = 200
+    ada = factories.agent(admin.account, "Ada")
+    chat = factories.chat(admin.account, [ada])
+    for i in range(100):
+        chat.add_message(role="user", content=f"message {i} " + "word " * 20, user=admin, status="done")
+    db.session.commit()
+
+    messages = build_messages(chat, ada)
+
+    transcript = messages[1:-1]
+    assert 1 < len(transcript) < 20
+    assert transcript[-1]["content"].startswith("dana: message 99 ")
+    assert messages[-1]["content"].startswith(TRUNCATION_NOTE)
+
+
+def test_prompt_assembly_uses_a_constant_number_of_queries(admin, app):
+    from tests.querycount import count_queries
+
+    ada = factories.agent(admin.account, "Ada")
+    chat = factories.chat(admin.account, [ada])
+
+    def queries_for(n_messages: int) -> int:
+        for i in range(n_messages):
+            chat.add_message(role="user", content=f"m{i}", user=admin, status="done")
+            factories.memory(ada, f"memory {n_messages}-{i}", "core")
+        db.session.commit()
+        db.session.expire_all()
+        with count_queries() as counted:
+            build_messages(chat, ada)
+        return counted.count
+
+    assert queries_for(5) == queries_for(200)

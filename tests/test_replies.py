@@ -1,0 +1,242 @@
+"""Reply jobs against the fake model server: the agent's model, the prompt, the tool loop, failures, retries."""
+
+import json
+
+import pytest
+import sqlalchemy as sa
+from rq import SimpleWorker
+from rq.job import JobStatus
+
+from tests import factories
+from webapp.extensions import db
+from webapp.jobs.replies import ReplyFailed, request_replies, respond
+from webapp.llm import LLMError
+from webapp.models import AgentMemory, AuditLog, JobRun, LlmCall, Message
+from webapp.queue import rq_queue
+
+
+@pytest.fixture
+def ada(admin):
+    return factories.agent(admin.account, "Ada", system_prompt="You are Ada.")
+
+
+@pytest.fixture
+def chat(admin, ada):
+    chat = factories.chat(admin.account, [ada])
+    factories.message(chat, "Remember I like green tea.", author=admin)
+    return chat
+
+
+def _pending(chat, *agents) -> list[Message]:
+    replies = request_replies(chat, list(agents))
+    db.session.commit()
+    return replies
+
+
+def _fresh(message: Message) -> Message:
+    db.session.expire_all()
+    return db.session.get(Message, message.id)
+
+
+def test_a_reply_uses_the_agents_model_and_prompt_and_is_stored(app, fake_llm, chat, ada):
+    [reply] = _pending(chat, ada)
+    fake_llm.reply("Noted: green tea.")
+
+    assert respond([reply.id]) == {"replies": 1}
+
+    request = fake_llm.requests[-1]
+    assert request["model"] == "ada-model" and request["stream"] is True
+    assert request["messages"][0] == {"role": "system", "content": "You are Ada."}
+    assert request["messages"][1] == {"role": "user", "content": "dana: Remember I like green tea."}
+    assert "# Your memory" in request["messages"][-1]["content"]
+    assert [t["function"]["name"] for t in request["tools"]] == ["save_memory"]
+    reply = _fresh(reply)
+    assert (reply.status, reply.content, reply.error) == ("done", "Noted: green tea.", None)
+    assert (reply.input_tokens, reply.output_tokens) == (11, 3)
+    call = db.session.scalar(sa.select(LlmCall))
+    assert (call.purpose, call.agent_id, call.chat_id, call.model) == ("reply", ada.id, chat.id, "ada-model")
+    assert call.job_run_id == db.session.scalar(sa.select(JobRun.id))
+
+
+def test_the_tool_loop_saves_a_memory_and_feeds_the_result_back(app, fake_llm, chat, ada):
+    [reply] = _pending(chat, ada)
+    fake_llm.reply(tool_calls=[("save_memory", {"content": "Dana likes green tea.", "memory_type": "journal"})])
+    fake_llm.reply("I'll remember that.")
+
+    respond([reply.id])
+
+    memory = db.session.scalar(sa.select(AgentMemory))
+    assert (memory.agent_id, memory.content, memory.memory_type) == (ada.id, "Dana likes green tea.", "journal")
+    follow_up = fake_llm.requests[-1]["messages"]
+    assert follow_up[-2]["tool_calls"][0]["function"]["name"] == "save_memory"
+    result = json.loads(follow_up[-1]["content"])
+    assert follow_up[-1]["role"] == "tool" and result["saved"] is True
+    assert "fade after 7 days" in result["note"]
+    reply = _fresh(reply)
+    assert (reply.content, reply.tools_used) == ("I'll remember that.", ["save_memory"])
+    audit = db.session.scalar(sa.select(AuditLog))
+    assert (audit.action, audit.auditable_id, audit.agent_id, audit.user_id) == ("memory_create", memory.id, ada.id, None)
+
+
+@pytest.mark.parametrize(
+    ("name", "arguments", "error"),
+    [
+        ("save_memory", '{"content": ', "not valid JSON"),
+        ("save_memory", {"content": "x"}, "'memory_type' is a required property"),
+        ("save_memory", {"content": "x", "memory_type": "dream"}, "memory_type: 'dream' is not one of"),
+        ("delete_everything", {}, "You have no tool named 'delete_everything'. Available: save_memory."),
+    ],
+)
+def test_bad_tool_calls_get_an_error_result_the_model_can_read(app, fake_llm, chat, ada, name, arguments, error):
+    [reply] = _pending(chat, ada)
+    fake_llm.reply(tool_calls=[(name, arguments)])
+    fake_llm.reply("Sorry, done.")
+
+    respond([reply.id])
+
+    result = json.loads(fake_llm.requests[-1]["messages"][-1]["content"])
+    assert error in result["error"]
+    assert db.session.scalar(sa.select(sa.func.count()).select_from(AgentMemory)) == 0
+    assert _fresh(reply).status == "done"
+
+
+def test_a_tool_the_agent_has_not_enabled_is_refused(app, fake_llm, chat, ada):
+    ada.enabled_tools = []
+    db.session.commit()
+    [reply] = _pending(chat, ada)
+    fake_llm.reply(tool_calls=[("save_memory", {"content": "x", "memory_type": "core"})])
+    fake_llm.reply("ok")
+
+    respond([reply.id])
+
+    assert "tools" not in fake_llm.requests[0]
+    assert "You have no tool named 'save_memory'" in fake_llm.requests[-1]["messages"][-1]["content"]
+    assert db.session.scalar(sa.select(sa.func.count()).select_from(AgentMemory)) == 0
+
+
+def test_the_tool_loop_is_bounded(app, fake_llm, chat, ada):
+    app.config["REPLY_MAX_TOOL_TURNS"] = 3
+    [reply] = _pending(chat, ada)
+    for i in range(3):
+        fake_llm.reply("thinking", tool_calls=[("save_memory", {"content": f"m{i}", "memory_type": "journal"})])
+
+    respond([reply.id])
+
+    assert len(fake_llm.requests) == 3
+    assert "tools" not in fake_llm.requests[-1]  # the last turn must answer in text
+    assert _fresh(reply).content == "thinking"
+
+
+def test_ask_all_answers_in_order_each_seeing_the_replies_before_it(app, fake_llm, admin, ada):
+    basil = factories.agent(admin.account, "Basil")
+    chat = factories.chat(admin.account, [ada, basil])
+    factories.message(chat, "Thoughts?", author=admin)
+    first, second = _pending(chat, ada, basil)
+    fake_llm.reply("Ada says yes.")
+    fake_llm.reply("Basil agrees with Ada.")
+
+    respond([first.id, second.id])
+
+    assert [r["model"] for r in fake_llm.requests] == ["ada-model", "basil-model"]
+    assert {"role": "user", "content": "Ada: Ada says yes."} in fake_llm.requests[1]["messages"]
+    assert (_fresh(first).content, _fresh(second).content) == ("Ada says yes.", "Basil agrees with Ada.")
+
+
+def test_a_model_error_marks_the_reply_failed_with_its_reason(app, fake_llm, chat, ada):
+    [reply] = _pending(chat, ada)
+    fake_llm.fail(400, "model not found")
+
+    with pytest.raises(ReplyFailed):
+        respond([reply.id])
+
+    reply = _fresh(reply)
+    assert reply.status == "failed"
+    assert reply.error == "The model returned HTTP 400: model not found"
+    assert reply.content == ""  # partial text is never kept as an answer
+    run = db.session.scalar(sa.select(JobRun))
+    assert run.status == "failed"
+
+
+def test_one_failed_agent_does_not_stop_the_others(app, fake_llm, admin, ada):
+    basil = factories.agent(admin.account, "Basil")
+    chat = factories.chat(admin.account, [ada, basil])
+    first, second = _pending(chat, ada, basil)
+    fake_llm.fail(401, "bad key")
+    fake_llm.reply("Basil here.")
+
+    with pytest.raises(ReplyFailed):
+        respond([first.id, second.id])
+
+    assert (_fresh(first).status, _fresh(second).status) == ("failed", "done")
+
+
+def test_an_empty_answer_is_a_failure_not_a_blank_message(app, fake_llm, chat, ada):
+    [reply] = _pending(chat, ada)
+    fake_llm.reply("   ")
+
+    with pytest.raises(ReplyFailed):
+        respond([reply.id])
+
+    assert (_fresh(reply).status, _fresh(reply).error) == ("failed", "The model returned an empty reply.")
+
+
+def test_a_retryable_error_retries_with_backoff_and_then_succeeds(app, fake_llm, chat, ada):
+    [reply] = _pending(chat, ada)
+    [job] = rq_queue().get_jobs()
+    fake_llm.fail(503, "overloaded")
+    worker = SimpleWorker([rq_queue()], connection=app.extensions["redis"])
+
+    worker.work(burst=True)
+
+    job.refresh()
+    assert job.get_status() == JobStatus.SCHEDULED
+    waiting = _fresh(reply)
+    assert waiting.status == "pending" and "HTTP 503" in waiting.error and "Trying again shortly" in waiting.error
+
+    fake_llm.reply("Back now.")
+    rq_queue().enqueue_job(job)  # what RQ's scheduler does when the backoff interval ends
+    worker.work(burst=True)
+
+    assert (_fresh(reply).status, _fresh(reply).content) == ("done", "Back now.")
+    assert [r.status for r in db.session.scalars(sa.select(JobRun).order_by(JobRun.id))] == ["failed", "done"]
+
+
+def test_when_retries_run_out_the_reply_fails_visibly(app, fake_llm, chat, ada):
+    app.config["JOB_MAX_RETRIES"] = 0
+    [reply] = _pending(chat, ada)
+    fake_llm.fail(503, "overloaded")
+
+    SimpleWorker([rq_queue()], connection=app.extensions["redis"]).work(burst=True)
+
+    assert (_fresh(reply).status, _fresh(reply).error) == ("failed", "The model returned HTTP 503: overloaded")
+
+
+def test_a_finished_reply_is_not_generated_twice(app, fake_llm, chat, ada):
+    [reply] = _pending(chat, ada)
+    respond([reply.id])
+
+    assert respond([reply.id]) == {"replies": 0}
+    assert len(fake_llm.requests) == 1
+
+
+def test_streamed_text_is_published_for_the_chat_page(app, fake_llm, chat, ada, fake_redis):
+    from webapp import events
+
+    pubsub = fake_redis.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(events.channel(chat.id))
+    [reply] = _pending(chat, ada)
+    fake_llm.reply("Hello there friend")
+
+    respond([reply.id])
+
+    polled = (pubsub.get_message(timeout=0.01) for _ in range(50))
+    published = [json.loads(m["data"]) for m in polled if m is not None]
+    assert [(e["kind"], e["text"]) for e in published] == [
+        ("delta", "Hello"),
+        ("delta", " there"),
+        ("delta", " friend"),
+        ("final", ""),
+    ]
+    assert {e["message_id"] for e in published} == {reply.id}
+
+
