@@ -3,16 +3,23 @@
 import os
 import shutil
 import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
 
 import fakeredis
 import pytest
 import sqlalchemy as sa
 from flask_migrate import upgrade
+from redis import Redis
 from rq import Queue
 
 from tests.fake_llm import FakeLLM
 from webapp import create_app
 from webapp.extensions import db
+from webapp.processes import redis_server_argv
 
 POSTGRES_URL = os.environ.get("TEST_DATABASE_URL")
 
@@ -150,3 +157,71 @@ def stranger(app):
     from tests import factories
 
     return factories.user(factories.account("Globex"), "eve@globex.example", "admin")
+
+
+def wait_for(predicate, seconds: float = 30, what: str = "condition"):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def redis_server(tmp_path):
+    socket = tmp_path / "redis.sock"
+    server = subprocess.Popen(redis_server_argv(socket, tmp_path))
+    connection = Redis(unix_socket_path=str(socket))
+    wait_for(lambda: socket.exists() and connection.ping(), what="redis-server")
+    yield f"unix://{socket}"
+    server.terminate()
+    server.wait(10)
+
+
+@pytest.fixture
+def live_app(migrated_database, tmp_path, redis_server, fake_llm):
+    """An app wired to the real redis-server, sharing its database with worker processes."""
+    settings = {**_settings(_database_for_test(migrated_database, tmp_path), fake_llm.base_url)}
+    settings["REDIS_URL"] = redis_server
+    app = create_app(settings)
+    with app.app_context():
+        yield app
+        db.session.remove()
+        if POSTGRES_URL:
+            _truncate_all()
+        db.engine.dispose()
+
+
+def worker_env(app) -> dict[str, str]:
+    """The environment for a worker process that shares this app's database, redis and model server."""
+    return {
+        **os.environ,
+        "DATABASE_URL": app.config["SQLALCHEMY_DATABASE_URI"],
+        "REDIS_URL": app.config["REDIS_URL"],
+        "LLM_BASE_URL": app.config["LLM_BASE_URL"],
+        "SECRET_KEY": "test",
+    }
+
+
+@pytest.fixture
+def worker_process(live_app):
+    """A real RQ worker (python worker.py) running until the test ends."""
+    root = Path(__file__).resolve().parent.parent
+    worker = subprocess.Popen([sys.executable, "worker.py"], cwd=root, env=worker_env(live_app))
+    yield worker
+    worker.terminate()
+    worker.wait(20)
+
+
+@pytest.fixture
+def live_server(live_app):
+    """The app served over HTTP on loopback from a thread, as a browser would reach it."""
+    from werkzeug.serving import make_server
+
+    server = make_server("127.0.0.1", free_port(), live_app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()

@@ -32,6 +32,7 @@ class FakeLLM:
         self.requests: list[dict[str, Any]] = []
         self.default_text = "ok"
         self.delay = 0.0  # seconds added to every answer
+        self.chunk_delay = 0.0  # seconds between streamed chunks, to watch a reply arrive
         self._script: deque[Scripted] = deque()
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
@@ -54,6 +55,7 @@ class FakeLLM:
         self.requests.clear()
         self.default_text = "ok"
         self.delay = 0.0
+        self.chunk_delay = 0.0
 
     def close(self) -> None:
         self._server.shutdown()
@@ -120,6 +122,7 @@ def _handler_for(fake: FakeLLM) -> type[BaseHTTPRequestHandler]:
             for chunk in _chunks(body, answer):
                 self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
                 self.wfile.flush()
+                time.sleep(fake.chunk_delay)
             self.wfile.write(b"data: [DONE]\n\n")
             self.wfile.flush()
             self.close_connection = True

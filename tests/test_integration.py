@@ -5,7 +5,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -17,68 +16,19 @@ from rq import Queue
 from rq.job import Job, JobStatus
 
 from tests import sample_jobs
-from tests.conftest import POSTGRES_URL, free_port
-from webapp import create_app
+from tests.conftest import POSTGRES_URL, free_port, wait_for, worker_env
 from webapp.extensions import db
 from webapp.jobs.ping import ping
 from webapp.models import JobRun
-from webapp.processes import redis_server_argv
 from webapp.queue import enqueue
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _wait_for(predicate, seconds: float = 30, what: str = "condition"):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-@pytest.fixture
-def redis_server(tmp_path):
-    socket = tmp_path / "redis.sock"
-    server = subprocess.Popen(redis_server_argv(socket, tmp_path))
-    connection = Redis(unix_socket_path=str(socket))
-    _wait_for(lambda: socket.exists() and connection.ping(), what="redis-server")
-    yield f"unix://{socket}"
-    server.terminate()
-    server.wait(10)
-
-
-@pytest.fixture
-def live_app(migrated_database, tmp_path, redis_server, fake_llm):
-    """An app wired to the real redis-server, sharing its database with worker processes."""
-    from tests.conftest import _database_for_test, _settings, _truncate_all
-
-    settings = {**_settings(_database_for_test(migrated_database, tmp_path), fake_llm.base_url)}
-    settings["REDIS_URL"] = redis_server
-    app = create_app(settings)
-    with app.app_context():
-        yield app
-        db.session.remove()
-        if POSTGRES_URL:
-            _truncate_all()
-        db.engine.dispose()
-
-
-def _worker_env(app) -> dict[str, str]:
-    return {
-        **os.environ,
-        "DATABASE_URL": app.config["SQLALCHEMY_DATABASE_URI"],
-        "REDIS_URL": app.config["REDIS_URL"],
-        "LLM_BASE_URL": app.config["LLM_BASE_URL"],
-        "SECRET_KEY": "test",
-    }
-
-
 def _run_burst_worker(app) -> None:
     subprocess.run(
-        [sys.executable, "worker.py", "--burst"], cwd=ROOT, env=_worker_env(app), check=True, timeout=60
+        [sys.executable, "worker.py", "--burst"], cwd=ROOT, env=worker_env(app), check=True, timeout=60
     )
 
 
@@ -135,7 +85,7 @@ def test_make_run_processes_come_up_healthy_and_stop_cleanly(tmp_path, fake_llm)
         start_new_session=True,
     )  # fmt: skip
     try:
-        health = _wait_for(lambda: _healthy(port), seconds=60, what="GET /healthz to report all up")
+        health = wait_for(lambda: _healthy(port), seconds=60, what="GET /healthz to report all up")
         assert set(health["checks"]) == {"database", "redis", "workers", "scheduler", "llm"}
     finally:
         os.killpg(honcho.pid, signal.SIGINT)  # what Ctrl-C in the terminal sends

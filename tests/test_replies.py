@@ -10,7 +10,6 @@ from rq.job import JobStatus
 from tests import factories
 from webapp.extensions import db
 from webapp.jobs.replies import ReplyFailed, request_replies, respond
-from webapp.llm import LLMError
 from webapp.models import AgentMemory, AuditLog, JobRun, LlmCall, Message
 from webapp.queue import rq_queue
 
@@ -60,13 +59,19 @@ def test_a_reply_uses_the_agents_model_and_prompt_and_is_stored(app, fake_llm, c
 
 def test_the_tool_loop_saves_a_memory_and_feeds_the_result_back(app, fake_llm, chat, ada):
     [reply] = _pending(chat, ada)
-    fake_llm.reply(tool_calls=[("save_memory", {"content": "Dana likes green tea.", "memory_type": "journal"})])
+    fake_llm.reply(
+        tool_calls=[("save_memory", {"content": "Dana likes green tea.", "memory_type": "journal"})]
+    )
     fake_llm.reply("I'll remember that.")
 
     respond([reply.id])
 
     memory = db.session.scalar(sa.select(AgentMemory))
-    assert (memory.agent_id, memory.content, memory.memory_type) == (ada.id, "Dana likes green tea.", "journal")
+    assert (memory.agent_id, memory.content, memory.memory_type) == (
+        ada.id,
+        "Dana likes green tea.",
+        "journal",
+    )
     follow_up = fake_llm.requests[-1]["messages"]
     assert follow_up[-2]["tool_calls"][0]["function"]["name"] == "save_memory"
     result = json.loads(follow_up[-1]["content"])
@@ -75,7 +80,12 @@ def test_the_tool_loop_saves_a_memory_and_feeds_the_result_back(app, fake_llm, c
     reply = _fresh(reply)
     assert (reply.content, reply.tools_used) == ("I'll remember that.", ["save_memory"])
     audit = db.session.scalar(sa.select(AuditLog))
-    assert (audit.action, audit.auditable_id, audit.agent_id, audit.user_id) == ("memory_create", memory.id, ada.id, None)
+    assert (audit.action, audit.auditable_id, audit.agent_id, audit.user_id) == (
+        "memory_create",
+        memory.id,
+        ada.id,
+        None,
+    )
 
 
 @pytest.mark.parametrize(
@@ -87,7 +97,9 @@ def test_the_tool_loop_saves_a_memory_and_feeds_the_result_back(app, fake_llm, c
         ("delete_everything", {}, "You have no tool named 'delete_everything'. Available: save_memory."),
     ],
 )
-def test_bad_tool_calls_get_an_error_result_the_model_can_read(app, fake_llm, chat, ada, name, arguments, error):
+def test_bad_tool_calls_get_an_error_result_the_model_can_read(
+    app, fake_llm, chat, ada, name, arguments, error
+):
     [reply] = _pending(chat, ada)
     fake_llm.reply(tool_calls=[(name, arguments)])
     fake_llm.reply("Sorry, done.")
@@ -118,7 +130,9 @@ def test_the_tool_loop_is_bounded(app, fake_llm, chat, ada):
     app.config["REPLY_MAX_TOOL_TURNS"] = 3
     [reply] = _pending(chat, ada)
     for i in range(3):
-        fake_llm.reply("thinking", tool_calls=[("save_memory", {"content": f"m{i}", "memory_type": "journal"})])
+        fake_llm.reply(
+            "thinking", tool_calls=[("save_memory", {"content": f"m{i}", "memory_type": "journal"})]
+        )
 
     respond([reply.id])
 
@@ -191,7 +205,11 @@ def test_a_retryable_error_retries_with_backoff_and_then_succeeds(app, fake_llm,
     job.refresh()
     assert job.get_status() == JobStatus.SCHEDULED
     waiting = _fresh(reply)
-    assert waiting.status == "pending" and "HTTP 503" in waiting.error and "Trying again shortly" in waiting.error
+    assert (
+        waiting.status == "pending"
+        and "HTTP 503" in waiting.error
+        and "Trying again shortly" in waiting.error
+    )
 
     fake_llm.reply("Back now.")
     rq_queue().enqueue_job(job)  # what RQ's scheduler does when the backoff interval ends
@@ -208,7 +226,10 @@ def test_when_retries_run_out_the_reply_fails_visibly(app, fake_llm, chat, ada):
 
     SimpleWorker([rq_queue()], connection=app.extensions["redis"]).work(burst=True)
 
-    assert (_fresh(reply).status, _fresh(reply).error) == ("failed", "The model returned HTTP 503: overloaded")
+    assert (_fresh(reply).status, _fresh(reply).error) == (
+        "failed",
+        "The model returned HTTP 503: overloaded",
+    )
 
 
 def test_a_finished_reply_is_not_generated_twice(app, fake_llm, chat, ada):
@@ -238,5 +259,3 @@ def test_streamed_text_is_published_for_the_chat_page(app, fake_llm, chat, ada, 
         ("final", ""),
     ]
     assert {e["message_id"] for e in published} == {reply.id}
-
-

@@ -290,6 +290,7 @@ def stream(chat_id: int):
     """Server-Sent Events for this chat: reply text as it streams, then each finished message."""
     chat = owned_or_404(Chat, chat_id)
     seconds = min(request.args.get("seconds", STREAM_SECONDS, type=float), STREAM_SECONDS)
+    db.session.close()  # hold no database connection while waiting for events
 
     def generate():
         yield ": connected\n\n"
@@ -306,6 +307,7 @@ def stream(chat_id: int):
 
 
 def _render_final(chat: Chat, message_id: int) -> str:
-    db.session.close()  # a new transaction sees what the worker committed since this stream began
-    found = db.session.get(Message, message_id)
-    return render_template("chats/_message.html", chat=chat, message=found, stuck_after=STUCK_AFTER)
+    found = db.session.get(Message, message_id)  # a fresh transaction: sees what the worker just committed
+    html = render_template("chats/_message.html", chat=chat, message=found, stuck_after=STUCK_AFTER)
+    db.session.close()  # hold no database connection while waiting for the next event
+    return html
