@@ -85,3 +85,23 @@ def test_agent_identity_falls_back_to_its_name(agent):
     assert agent.identity() == "You are Ada."
     agent.system_prompt = "You are a pirate."
     assert agent.identity() == "You are a pirate."
+
+
+def test_core_token_usage_counts_only_active_core_memories(agent):
+    from webapp.timeutil import utcnow
+
+    kept = AgentMemory(agent=agent, content="one two three", memory_type="core")
+    db.session.add_all(
+        [
+            kept,
+            AgentMemory(agent=agent, content="a journal entry", memory_type="journal"),
+            AgentMemory(agent=agent, content="deleted core", memory_type="core", deleted_at=utcnow()),
+        ]
+    )
+    db.session.commit()
+
+    assert agent.core_token_usage() == kept.token_estimate
+    agent.core_token_budget = kept.token_estimate
+    assert not agent.needs_refinement()
+    agent.core_token_budget = kept.token_estimate - 1
+    assert agent.needs_refinement()

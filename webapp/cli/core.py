@@ -1,11 +1,11 @@
-"""Flask CLI commands: start-up checks, schedules, users, the demo data and jobs on demand."""
+"""Core CLI commands: start-up checks, schedules, users, the demo data and the ping job."""
 
 import os
 import sys
 
 import click
 import sqlalchemy as sa
-from flask import Flask, current_app
+from flask import current_app
 from flask.cli import AppGroup
 
 from webapp import schedule
@@ -25,12 +25,6 @@ DEMO_AGENTS = [
     ),
     ("Basil", "You are Basil, a warm and practical helper who likes concrete next steps."),
 ]
-
-
-def register_cli(app: Flask) -> None:
-    for group in (schedule_cli, users_cli, jobs_cli, demo_cli):
-        app.cli.add_command(group)
-    app.cli.add_command(check)
 
 
 @click.command("check")
@@ -152,3 +146,6 @@ def jobs_ping(now: bool) -> None:
     enqueue(ping)
     db.session.commit()
     click.echo("ping enqueued")
+
+
+COMMANDS = [check, schedule_cli, users_cli, jobs_cli, demo_cli]

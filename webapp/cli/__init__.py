@@ -1,0 +1,11 @@
+"""Flask CLI commands, one module per area; each module lists its commands in COMMANDS."""
+
+from flask import Flask
+
+from webapp.cli import core
+
+
+def register_cli(app: Flask) -> None:
+    for module in (core,):
+        for command in module.COMMANDS:
+            app.cli.add_command(command)
