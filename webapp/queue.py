@@ -23,6 +23,9 @@ log = logging.getLogger(__name__)
 RETRY_INTERVALS = [10, 60, 300]  # seconds: backoff for retryable failures
 _PENDING = "cairn_pending_jobs"
 
+# job_type -> the recorded job function, so a failed run can be run again from its job_runs row.
+JOB_TYPES: dict[str, Callable[..., dict[str, Any]]] = {}
+
 
 def init_app(app: Flask) -> None:
     connection = Redis.from_url(app.config["REDIS_URL"], socket_connect_timeout=5, health_check_interval=30)
@@ -58,17 +61,27 @@ def _drop_pending(session: sa.orm.Session) -> None:
     session.info.pop(_PENDING, None)
 
 
-def recorded_job(job_type: str, target: Callable[..., str | None] | None = None):
+def recorded_job(
+    job_type: str,
+    target: Callable[..., str | None] | None = None,
+    account: Callable[..., int | None] | None = None,
+):
     """Record each execution of the decorated job in job_runs: status, timings, error and counts.
 
-    The job returns a dict of counts (or None). A retryable LLM error is re-raised so RQ retries it with
-    backoff; any other error fails the job at once, with its reason kept in job_runs.
+    `target` and `account` compute, from the job's arguments, a label for what it works on and the account
+    whose data it touches. The job returns a dict of counts (or None). A retryable LLM error is re-raised so
+    RQ retries it with backoff; any other error fails the job at once, with its reason kept in job_runs.
     """
 
     def decorator(func: Callable[..., dict[str, Any] | None]):
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> dict[str, Any]:
-            run = _start_run(job_type, target(*args, **kwargs) if target else None, args)
+            run = _start_run(
+                job_type,
+                target(*args, **kwargs) if target else None,
+                account(*args, **kwargs) if account else None,
+                args,
+            )
             token = current_job_run_id.set(run.id)
             try:
                 counts = func(*args, **kwargs) or {}
@@ -83,15 +96,17 @@ def recorded_job(job_type: str, target: Callable[..., str | None] | None = None)
             _finish_run(run.id, "done", counts=counts)
             return counts
 
+        JOB_TYPES[job_type] = wrapper
         return wrapper
 
     return decorator
 
 
-def _start_run(job_type: str, target: str | None, args: tuple[Any, ...]) -> JobRun:
+def _start_run(job_type: str, target: str | None, account_id: int | None, args: tuple[Any, ...]) -> JobRun:
     rq_job = get_current_job()
     run = JobRun(
         job_type=job_type,
+        account_id=account_id,
         target=target,
         args=list(args),
         rq_job_id=rq_job.id if rq_job else None,

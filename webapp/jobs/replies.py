@@ -22,7 +22,12 @@ def _target(message_ids: list[int]) -> str:
     return "messages:" + ",".join(str(i) for i in message_ids)
 
 
-@recorded_job("reply", target=_target)
+def _account(message_ids: list[int]) -> int | None:
+    first = db.session.get(Message, message_ids[0]) if message_ids else None
+    return first.chat.account_id if first else None
+
+
+@recorded_job("reply", target=_target, account=_account)
 def respond(message_ids: list[int]) -> dict[str, int]:
     """Generate the pending replies in order (one agent, or "ask all"); each sees the replies before it."""
     answered, failed = 0, []

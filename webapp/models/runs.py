@@ -51,6 +51,8 @@ class JobRun(db.Model):
 
     id: Mapped[int] = mapped_column(primary_key=True)
     job_type: Mapped[str] = mapped_column(sa.String(80))
+    # The account whose data the run touched; None for runs across accounts (such as the hourly finder).
+    account_id: Mapped[int | None] = mapped_column(sa.ForeignKey("accounts.id"), index=True)
     target: Mapped[str | None] = mapped_column(sa.String(120))
     rq_job_id: Mapped[str | None] = mapped_column(sa.String(64), index=True)
     args: Mapped[list[Any]] = mapped_column(JSON, default=list)
