@@ -7,12 +7,14 @@ import time
 from collections.abc import Iterator
 
 import fakeredis
+import sqlalchemy as sa
 from flask import Flask
 from flask_migrate import upgrade
 from rq import Queue
 
 from tests.querycount import count_queries
 from webapp import create_app
+from webapp.extensions import db
 
 
 @contextlib.contextmanager
@@ -25,8 +27,13 @@ def bench_app(database_url: str | None = None) -> Iterator[Flask]:
         app.extensions["redis"] = connection
         app.extensions["rq_queue"] = Queue(app.config["RQ_QUEUE"], connection=connection)
         with app.app_context():
+            if db.engine.dialect.name == "postgresql":  # start from an empty schema every time
+                with db.engine.begin() as conn:
+                    conn.execute(sa.text("DROP SCHEMA public CASCADE; CREATE SCHEMA public"))
             upgrade()
             yield app
+            db.session.remove()
+            db.engine.dispose()
 
 
 def measure(func, repeat: int = 5) -> tuple[int, float]:

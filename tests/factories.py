@@ -55,3 +55,88 @@ def memory(agent_row: Agent, content: str, memory_type: str = "core", **fields) 
     db.session.add(row)
     db.session.commit()
     return row
+
+
+def llm_call(agent_row: Agent | None, **fields):
+    """One row of the cost ledger; `created_at` and the token counts are what usage tests vary."""
+    from webapp.models import LlmCall
+
+    fields.setdefault("purpose", "reply")
+    fields.setdefault("model", agent_row.model_id if agent_row else "no-agent-model")
+    fields.setdefault("status", "ok")
+    row = LlmCall(agent_id=agent_row.id if agent_row else None, **fields)
+    db.session.add(row)
+    db.session.commit()
+    return row
+
+
+def job_run(acct: Account | None, job_type: str = "reply", **fields):
+    """A recorded job run of the account (None: a run across accounts)."""
+    from webapp.models import JobRun
+
+    fields.setdefault("status", "done")
+    fields.setdefault("args", [])
+    row = JobRun(job_type=job_type, account_id=acct.id if acct else None, **fields)
+    db.session.add(row)
+    db.session.commit()
+    return row
+
+
+def summary(chat_row: Chat, agent_row: Agent, text: str, **fields) -> ChatAgent:
+    """Give the agent's row in the chat a summary (spec 003); `agent_summary_generated_at` defaults to now."""
+    import sqlalchemy as sa
+
+    from webapp.timeutil import utcnow
+
+    row = db.session.scalar(
+        sa.select(ChatAgent).where(ChatAgent.chat_id == chat_row.id, ChatAgent.agent_id == agent_row.id)
+    )
+    row.agent_summary = text
+    row.agent_summary_generated_at = fields.pop("generated_at", utcnow())
+    for name, value in fields.items():
+        setattr(row, name, value)
+    db.session.commit()
+    return row
+
+
+def memories(agent_row: Agent, count: int, memory_type: str = "core", **fields) -> list[AgentMemory]:
+    """`count` memories of the agent ("Memory 0: …", …) added in one commit, for pages and benchmarks."""
+    rows = [
+        AgentMemory(
+            agent_id=agent_row.id,
+            content=f"Memory {i}: Dana likes roses number {i}.",
+            memory_type=memory_type,
+            **fields,
+        )
+        for i in range(count)
+    ]
+    db.session.add_all(rows)
+    db.session.commit()
+    return rows
+
+
+def audit_rows(agent_row: Agent, memory_ids: list[int], count: int, **fields) -> None:
+    """`count` audit rows of edits to the agent's memories (cycling through memory_ids), bulk-inserted."""
+    import sqlalchemy as sa
+
+    from webapp.models import AuditLog
+    from webapp.timeutil import utcnow
+
+    def snapshot(text: str) -> dict:
+        return {"content": text, "memory_type": "core", "constitutional": False, "deleted_at": None}
+
+    rows = [
+        {
+            "account_id": agent_row.account_id,
+            "agent_id": agent_row.id,
+            "action": "memory_update",
+            "auditable_type": "AgentMemory",
+            "auditable_id": memory_ids[i % len(memory_ids)],
+            "data": {"before": snapshot(f"old text {i}"), "after": snapshot(f"new text {i}"), "via": "bench"},
+            "created_at": utcnow(),
+            **fields,
+        }
+        for i in range(count)
+    ]
+    db.session.execute(sa.insert(AuditLog), rows)
+    db.session.commit()

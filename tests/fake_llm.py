@@ -33,7 +33,10 @@ class FakeLLM:
         self.default_text = "ok"
         self.delay = 0.0  # seconds added to every answer
         self.chunk_delay = 0.0  # seconds between streamed chunks, to watch a reply arrive
+        self.in_flight = 0
+        self.max_in_flight = 0  # the most requests answered at the same time
         self._script: deque[Scripted] = deque()
+        self._by_model: dict[str, deque[Scripted]] = {}
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
         self._server.daemon_threads = True
@@ -42,28 +45,53 @@ class FakeLLM:
         self._thread.start()
 
     def reply(
-        self, text: str = "", *, tool_calls: list[tuple[str, Any]] | None = None, delay: float = 0
+        self,
+        text: str = "",
+        *,
+        tool_calls: list[tuple[str, Any]] | None = None,
+        delay: float = 0,
+        model: str | None = None,
     ) -> None:
-        """Script the next answer. Tool call arguments may be a dict or a raw (possibly broken) string."""
-        self._script.append(Scripted(text=text, tool_calls=tool_calls or [], delay=delay))
+        """Script the next answer (with model=, the next answer to that model). Tool call arguments may be a
+        dict or a raw (possibly broken) string."""
+        self._queue(model).append(Scripted(text=text, tool_calls=tool_calls or [], delay=delay))
 
-    def fail(self, status: int = 500, error: str = "server error", *, delay: float = 0) -> None:
-        self._script.append(Scripted(status=status, error=error, delay=delay))
+    def fail(
+        self, status: int = 500, error: str = "server error", *, delay: float = 0, model: str | None = None
+    ) -> None:
+        self._queue(model).append(Scripted(status=status, error=error, delay=delay))
+
+    def _queue(self, model: str | None) -> deque:
+        return self._script if model is None else self._by_model.setdefault(model, deque())
 
     def reset(self) -> None:
         self._script.clear()
+        self._by_model.clear()
         self.requests.clear()
         self.default_text = "ok"
         self.delay = 0.0
         self.chunk_delay = 0.0
+        self.max_in_flight = 0
 
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
 
-    def _next(self) -> Scripted:
+    def _next(self, model: str) -> Scripted:
         with self._lock:
-            return self._script.popleft() if self._script else Scripted(text=self.default_text)
+            for queue in (self._by_model.get(model), self._script):
+                if queue:
+                    return queue.popleft()
+            return Scripted(text=self.default_text)
+
+    def _started(self) -> None:
+        with self._lock:
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+
+    def _finished(self) -> None:
+        with self._lock:
+            self.in_flight -= 1
 
     def _record(self, body: dict[str, Any]) -> None:
         with self._lock:
@@ -97,8 +125,12 @@ def _handler_for(fake: FakeLLM) -> type[BaseHTTPRequestHandler]:
             length = int(self.headers.get("Content-Length") or 0)
             body = json.loads(self.rfile.read(length) or b"{}")
             fake._record(body)
-            answer = fake._next()
-            time.sleep(fake.delay + answer.delay)
+            answer = fake._next(body.get("model", ""))
+            fake._started()
+            try:
+                time.sleep(fake.delay + answer.delay)
+            finally:
+                fake._finished()
             if answer.status != 200:
                 self._json(answer.status, {"error": {"message": answer.error, "type": "fake_error"}})
             elif body.get("stream"):

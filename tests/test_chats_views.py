@@ -27,7 +27,8 @@ def signed_in(auth, admin):
 
 
 def _queued_message_ids() -> list[list[int]]:
-    return [job.args[0] for job in rq_queue().get_jobs()]
+    """The message ids of the queued reply jobs (summary jobs, spec 003, are queued alongside)."""
+    return [job.args[0] for job in rq_queue().get_jobs() if job.func_name.endswith(".respond")]
 
 
 def _messages(chat) -> list[Message]:

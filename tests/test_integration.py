@@ -123,7 +123,9 @@ def test_a_killed_worker_keeps_the_message_and_leaves_the_reply_retryable(live_a
         [sys.executable, "worker.py"], cwd=ROOT, env=worker_env(live_app), start_new_session=True
     )
     wait_for(lambda: fake_llm.requests, what="the reply to reach the model")
-    os.killpg(worker.pid, signal.SIGKILL)  # the worker and its work horse die mid-reply
+    # The worker and its work horse (RQ puts the horse in a process group of its own) die mid-reply.
+    subprocess.run(["pkill", "-KILL", "-P", str(worker.pid)], check=True)
+    os.killpg(worker.pid, signal.SIGKILL)
     worker.wait(10)
 
     db.session.expire_all()
@@ -145,3 +147,34 @@ def test_a_killed_worker_keeps_the_message_and_leaves_the_reply_retryable(live_a
         "done",
         "Here now.",
     )
+
+
+def test_a_real_worker_consolidates_a_chat_with_concurrent_agents(live_app, fake_llm):
+    import json
+    from datetime import timedelta
+
+    import time_machine
+
+    from tests import factories
+    from webapp.jobs.consolidation import consolidate_stale_chats
+    from webapp.models import AgentMemory
+    from webapp.timeutil import utcnow
+
+    admin = factories.user(factories.account())
+    agents = [factories.agent(admin.account, name) for name in ("Ada", "Basil", "Cleo")]
+    chat = factories.chat(admin.account, agents)
+    with time_machine.travel(utcnow() - timedelta(hours=7), tick=False):
+        factories.message(chat, "We agreed to plant tulips in March.", author=admin)
+    for agent in agents:
+        fake_llm.reply(
+            json.dumps({"journal": [f"{agent.name}: tulips in March"], "core": []}), model=agent.model_id
+        )
+    enqueue(consolidate_stale_chats)
+    db.session.commit()
+
+    _run_burst_worker(live_app)  # the finder enqueues the chat's job; the burst worker runs it too
+
+    db.session.expire_all()
+    contents = sorted(db.session.scalars(sa.select(AgentMemory.content)))
+    assert contents == ["Ada: tulips in March", "Basil: tulips in March", "Cleo: tulips in March"]
+    assert [r.status for r in _runs()] == ["done", "done"]

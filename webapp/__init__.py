@@ -29,11 +29,11 @@ def create_app(test_config: dict | None = None) -> Flask:
     llm.init_app(app)
     queue.init_app(app)
 
-    from webapp import agents, auth, chats, health, models  # noqa: F401  (models registers the tables)
+    from webapp import agents, auth, chats, health, memories, models, usage  # noqa: F401  (models registers the tables)
     from webapp.cli import register_cli
     from webapp.markdown import render_markdown
 
-    for blueprint in (auth.bp, agents.bp, chats.bp, health.bp):
+    for blueprint in (auth.bp, agents.bp, chats.bp, health.bp, usage.bp, memories.bp):
         app.register_blueprint(blueprint)
     app.add_url_rule("/", "home", lambda: redirect(url_for("chats.index")))
     app.jinja_env.filters["markdown"] = render_markdown

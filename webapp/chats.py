@@ -1,6 +1,8 @@
 """Chats: the list, creating and governing chats, the chat page, sending messages, triggers and live replies."""
 
-from datetime import timedelta
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 import sqlalchemy as sa
 from flask import (
@@ -25,7 +27,9 @@ from webapp import events
 from webapp.auth import owned_or_404
 from webapp.extensions import db
 from webapp.jobs.replies import request_replies, retry_reply
+from webapp.jobs.summaries import request_summaries
 from webapp.models import Agent, Chat, ChatAgent, Message
+from webapp.models.chats import other_conversations
 from webapp.timeutil import utcnow
 
 bp = Blueprint("chats", __name__, url_prefix="/chats")
@@ -117,20 +121,62 @@ def _page_of_messages(chat: Chat, before: int | None) -> tuple[list[Message], bo
 @bp.get("/<int:chat_id>")
 @login_required
 def show(chat_id: int):
-    """The chat page: the latest messages, the composer and (in group chats) the trigger bar."""
+    """The chat page: the latest messages, the composer, the trigger bar and the agents' other conversations."""
     chat = owned_or_404(Chat, chat_id)
-    messages, has_older = _page_of_messages(chat, None)
-    context = dict(
-        chat=chat, messages=messages, has_older=has_older, form=MessageForm(), stuck_after=STUCK_AFTER
-    )
-    if request.headers.get("HX-Target") == "messages":
-        response = Response(render_template("chats/_messages.html", **context))
+    target = request.headers.get("HX-Target")
+    if target == "cross-conversations":
+        response = Response(render_template("chats/_cross_conversations.html", chat=chat, **_panel(chat)))
     else:
-        in_chat = {a.id for a in chat.agents}
-        addable = [a for a in _account_agents() if a.id not in in_chat]
-        response = Response(render_template("chats/show.html", addable=addable, **context))
+        messages, has_older = _page_of_messages(chat, None)
+        context = dict(
+            chat=chat, messages=messages, has_older=has_older, form=MessageForm(), stuck_after=STUCK_AFTER
+        )
+        if target == "messages":
+            response = Response(render_template("chats/_messages.html", **context))
+        else:
+            in_chat = {a.id for a in chat.agents}
+            addable = [a for a in _account_agents() if a.id not in in_chat]
+            response = Response(
+                render_template("chats/show.html", addable=addable, **context, **_panel(chat))
+            )
     response.vary.add("HX-Request")
     return response
+
+
+@dataclass
+class AgentOutlook:
+    """One agent of the chat as the cross-conversation panel shows it."""
+
+    membership: ChatAgent  # this chat's row: the agent's summary of it and any borrowed context waiting
+    others: list[ChatAgent]  # its summaries of its other active chats, most recently updated first
+
+
+def _panel(chat: Chat) -> dict:
+    """For each agent of the chat, its other active conversations in this account (two queries in all)."""
+    memberships = db.session.scalars(
+        sa.select(ChatAgent)
+        .options(joinedload(ChatAgent.agent))
+        .where(ChatAgent.chat_id == chat.id)
+        .order_by(ChatAgent.id)
+    ).all()
+    others = defaultdict(list)
+    query = other_conversations(current_user.account_id, [m.agent_id for m in memberships], chat.id)
+    for row in db.session.scalars(query):
+        others[row.agent_id].append(row)
+    outlooks = [AgentOutlook(m, others[m.agent_id]) for m in memberships]
+    refresh = current_app.config["CROSS_CONVERSATION_REFRESH_SECONDS"]
+    return {"outlooks": outlooks, "panel_refresh_seconds": refresh}
+
+
+@bp.app_template_filter("ago")
+def ago(moment: datetime) -> str:
+    """How long ago a (naive UTC) moment was, in words."""
+    minutes = max(0, int((utcnow() - moment).total_seconds() // 60))
+    for unit, size in (("day", 1440), ("hour", 60), ("minute", 1)):
+        if minutes >= size:
+            count = minutes // size
+            return f"{count} {unit}{'' if count == 1 else 's'} ago"
+    return "just now"
 
 
 @bp.get("/<int:chat_id>/messages")
@@ -174,6 +220,7 @@ def send(chat_id: int):
     posted = chat.add_message(role="user", content=content, user=current_user, status="done")
     asked = chat.agents if not chat.manual_responses else chat.mentioned_agents(content)
     replies = request_replies(chat, [a for a in asked if not a.paused])
+    request_summaries(chat)
     db.session.commit()
     return render_template(
         "chats/_sent.html",

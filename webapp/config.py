@@ -57,10 +57,30 @@ def load(instance_path: str) -> dict:
         # {"model-id": {"input": dollars per 1M tokens, "output": dollars per 1M tokens}}
         "MODEL_PRICES": json.loads(os.environ.get("MODEL_PRICES", "{}")),
         "JOB_MAX_RETRIES": _int("JOB_MAX_RETRIES", 3),
+        # Ask models for JSON output (response_format json_object) where a job parses JSON; off for
+        # providers that reject the parameter.
+        "LLM_JSON_MODE": os.environ.get("LLM_JSON_MODE", "1") not in ("0", "false", "no"),
+        # Spec 000: consolidation of idle group chats into memories.
+        "CONSOLIDATION_IDLE_HOURS": float(os.environ.get("CONSOLIDATION_IDLE_HOURS", 6)),
+        "CONSOLIDATION_CHUNK_TOKENS": _int("CONSOLIDATION_CHUNK_TOKENS", 100_000),
+        "CONSOLIDATION_CONCURRENCY": _int("CONSOLIDATION_CONCURRENCY", 4),
+        # Spec 004: once a chat has more than COMPACTION_THRESHOLD messages after its last cut, a job
+        # summarizes all but the newest COMPACTION_KEEP_RECENT into the chat's memory_doc.
+        "COMPACTION_THRESHOLD": _int("COMPACTION_THRESHOLD", 100),
+        "COMPACTION_KEEP_RECENT": _int("COMPACTION_KEEP_RECENT", 20),
+        "COMPACTION_MODEL_ID": os.environ.get("COMPACTION_MODEL_ID", ""),  # empty: the chat's first agent's
+        # Spec 002 with DESIGN.md 5.4: the limits of one refinement session.
+        "REFINEMENT_MAX_MUTATIONS": _int("REFINEMENT_MAX_MUTATIONS", 10),
+        "REFINEMENT_MAX_TURNS": _int("REFINEMENT_MAX_TURNS", 12),
+        "REFINEMENT_TOKEN_FLOOR": float(os.environ.get("REFINEMENT_TOKEN_FLOOR", 0.5)),
         # Replies: how many model turns a tool loop may take, and how much transcript a prompt may carry.
         "REPLY_MAX_TOOL_TURNS": _int("REPLY_MAX_TOOL_TURNS", 5),
         "TRANSCRIPT_TOKEN_BUDGET": _int("TRANSCRIPT_TOKEN_BUDGET", 6000),
         "TRANSCRIPT_MAX_MESSAGES": _int("TRANSCRIPT_MAX_MESSAGES", 200),
+        # Spec 003: the model that writes each agent's conversation summaries (empty: the agent's own model),
+        # and how often the chat page's cross-conversation panel refreshes.
+        "SUMMARY_MODEL_ID": os.environ.get("SUMMARY_MODEL_ID", ""),
+        "CROSS_CONVERSATION_REFRESH_SECONDS": _int("CROSS_CONVERSATION_REFRESH_SECONDS", 20),
         "MESSAGE_MAX_CHARS": 20_000,
         "MESSAGES_PER_PAGE": 50,
     }

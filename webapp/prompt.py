@@ -1,9 +1,10 @@
 """Prompt assembly: the one function that builds the messages for an agent's activation (DESIGN.md section 4).
 
 Stable text first so providers can cache the prefix: the agent's system prompt, then the transcript, then the
-volatile context (memory, time, participants) at the end.
+volatile context (memory, other conversations, borrowed context, time, participants) at the end.
 """
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -12,26 +13,47 @@ from flask import current_app
 from sqlalchemy.orm import joinedload
 
 from webapp.extensions import db
-from webapp.models import Agent, AgentMemory, Chat, Message, User
+from webapp.models import Agent, AgentMemory, Chat, ChatAgent, Message, User
 from webapp.models.memories import prompt_memories
+from webapp.prompts import render
 from webapp.timeutil import utcnow
 from webapp.tokens import count_tokens
 
 TRUNCATION_NOTE = "(Earlier messages of this conversation are not shown; only the most recent ones fit.)"
 
 
+@dataclass
+class Prompt:
+    messages: list[dict[str, Any]]
+    # The staged borrowed context this prompt included; the reply clears exactly this once it succeeds.
+    borrowed_context: dict[str, Any] | None = None
+
+
 def build_messages(chat: Chat, agent: Agent, *, before_message_id: int | None = None) -> list[dict[str, Any]]:
     """The OpenAI messages for `agent` answering in `chat`, seeing the finished messages before the given id."""
+    return build_prompt(chat, agent, before_message_id=before_message_id).messages
+
+
+def build_prompt(chat: Chat, agent: Agent, *, before_message_id: int | None = None) -> Prompt:
+    """The messages for an activation, and the borrowed context they include."""
     now = utcnow()
     transcript, truncated = _transcript(chat, agent, before_message_id)
-    context = [_memory_section(agent, now), _now_section(chat, agent, now)]
+    borrowed = _staged_borrowed_context(chat, agent)
+    borrowed_section = _borrowed_section(borrowed)
+    context = [
+        _memory_section(agent, now),
+        _other_conversations_section(chat, agent),
+        borrowed_section,
+        _now_section(chat, agent, now),
+    ]
     if truncated:
         context.insert(0, TRUNCATION_NOTE)
-    return [
+    messages = [
         {"role": "system", "content": agent.identity()},
         *transcript,
-        {"role": "system", "content": "\n\n".join(context)},
+        {"role": "system", "content": "\n\n".join(part for part in context if part)},
     ]
+    return Prompt(messages, borrowed if borrowed_section else None)
 
 
 def _transcript(chat: Chat, agent: Agent, before_message_id: int | None) -> tuple[list[dict[str, str]], bool]:
@@ -81,6 +103,34 @@ def _memory_section(agent: Agent, now: datetime) -> str:
 
 def _date(memory: AgentMemory) -> str:
     return memory.created_at.strftime("%Y-%m-%d")
+
+
+def _other_conversations_section(chat: Chat, agent: Agent) -> str | None:
+    """Spec 003: the agent's own summaries of its other active chats, under their opaque ids."""
+    summaries = agent.other_conversation_summaries(exclude_chat_id=chat.id)
+    if not summaries:
+        return None
+    return render(
+        "cross_conversation/other_conversations.txt",
+        summaries=summaries,
+        can_borrow="borrow_context" in (agent.enabled_tools or []),
+    )
+
+
+def _staged_borrowed_context(chat: Chat, agent: Agent) -> dict[str, Any] | None:
+    """What the agent borrowed for this chat, read fresh from the database (not the session's copy)."""
+    staged = db.session.scalar(
+        sa.select(ChatAgent.borrowed_context_json).where(
+            ChatAgent.chat_id == chat.id, ChatAgent.agent_id == agent.id
+        )
+    )
+    return staged or None
+
+
+def _borrowed_section(borrowed: dict[str, Any] | None) -> str | None:
+    if not borrowed or not borrowed.get("messages"):
+        return None
+    return render("cross_conversation/borrowed_context.txt", borrowed=borrowed)
 
 
 def _now_section(chat: Chat, agent: Agent, now: datetime) -> str:

@@ -24,7 +24,9 @@ class Schedule:
 
 
 SCHEDULES = [
-    Schedule(f"{ID_PREFIX}ping", HOURLY, "webapp.jobs.ping.ping"),
+    Schedule(f"{ID_PREFIX}consolidate", HOURLY, "webapp.jobs.consolidation.consolidate_stale_chats"),
+    Schedule(f"{ID_PREFIX}reflect", DAILY_0300_UTC, "webapp.jobs.reflection.reflect_all"),
+    Schedule(f"{ID_PREFIX}refine", WEEKLY_MONDAY_0400_UTC, "webapp.jobs.refinement.refine_due"),
 ]
 
 

@@ -7,9 +7,10 @@ from rq import get_current_job
 
 from webapp import events, llm
 from webapp.extensions import db
+from webapp.jobs.summaries import request_summaries
 from webapp.llm import LLMError
 from webapp.models import Agent, Chat, Message
-from webapp.prompt import build_messages
+from webapp.prompt import build_prompt
 from webapp.queue import enqueue, recorded_job
 from webapp.tools import ToolContext, run_tool_call, schemas_for
 
@@ -52,7 +53,8 @@ def generate_reply(message: Message) -> None:
     message.status, message.error = "streaming", None
     db.session.commit()
     try:
-        text, prompt_tokens, completion_tokens, tools_used = _tool_loop(message)
+        prompt = build_prompt(message.chat, message.agent, before_message_id=message.id)
+        text, prompt_tokens, completion_tokens, tools_used = _tool_loop(message, prompt.messages)
         if not text.strip():
             raise LLMError("The model returned an empty reply.", retryable=False)
     except LLMError as error:
@@ -67,8 +69,18 @@ def generate_reply(message: Message) -> None:
     message.status = "done"
     message.input_tokens, message.output_tokens = prompt_tokens, completion_tokens
     message.tools_used = tools_used or None
+    _after_success(message, prompt.borrowed_context)
     db.session.commit()
     events.publish(message.chat_id, "final", message.id)
+
+
+def _after_success(message: Message, borrowed_context: dict[str, Any] | None) -> None:
+    """Clear the borrowed context this prompt included and queue stale summaries, with the finished reply."""
+    # Only what the prompt included: context the agent staged during this reply is for its next one.
+    mine = next((ca for ca in message.chat.chat_agents if ca.agent_id == message.agent_id), None)
+    if mine is not None:
+        mine.clear_borrowed_context(borrowed_context)
+    request_summaries(message.chat)
 
 
 def _unfinished(message: Message, reason: str, will_retry: bool) -> None:
@@ -79,16 +91,16 @@ def _unfinished(message: Message, reason: str, will_retry: bool) -> None:
     events.publish(message.chat_id, "final", message.id)
 
 
-def _tool_loop(message: Message) -> tuple[str, int, int, list[str]]:
+def _tool_loop(message: Message, messages: list[dict[str, Any]]) -> tuple[str, int, int, list[str]]:
     """Ask the model, run the tools it calls, feed the results back; the last turn offers no tools."""
     chat, agent = message.chat, message.agent
-    messages: list[dict[str, Any]] = build_messages(chat, agent, before_message_id=message.id)
     tools = schemas_for(agent.enabled_tools)
     context = ToolContext(agent=agent, chat=chat, message=message)
     max_turns = current_app.config["REPLY_MAX_TOOL_TURNS"]
     prompt_tokens = completion_tokens = 0
     tools_used: list[str] = []
     for turn in range(max_turns):
+        db.session.commit()  # hold no transaction (and no SQLite lock) while the model thinks
         result = llm.complete(
             agent.model_id,
             messages,

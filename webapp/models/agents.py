@@ -47,3 +47,9 @@ class Agent(db.Model):
     def identity(self) -> str:
         """The agent's system prompt, or the plain identity the specs fall back to."""
         return self.system_prompt.strip() or f"You are {self.name}."
+
+    def other_conversation_summaries(self, exclude_chat_id: int) -> list["ChatAgent"]:  # noqa: F821
+        """This agent's summaries of its other active chats (at most 10, most recently updated first)."""
+        from webapp.models.chats import other_conversations
+
+        return list(db.session.scalars(other_conversations(self.account_id, [self.id], exclude_chat_id)))

@@ -1,16 +1,20 @@
 import re
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.orm import Mapped, mapped_column, relationship
+from sqlalchemy.orm import Mapped, contains_eager, mapped_column, relationship
 
+from webapp import public_ids
 from webapp.extensions import JSON, db
 from webapp.models.agents import Agent
 from webapp.timeutil import utcnow
 
 MESSAGE_ROLES = ("user", "assistant", "system", "tool")
 MESSAGE_STATUSES = ("pending", "streaming", "done", "failed")
+SUMMARY_COOLDOWN = timedelta(minutes=5)  # spec 003: at most one summary per agent and chat in this time
+ACTIVE_WINDOW = timedelta(hours=6)  # spec 003: a conversation updated this recently counts as active
+OTHER_CONVERSATIONS_LIMIT = 10
 
 
 class Chat(db.Model):
@@ -51,6 +55,16 @@ class Chat(db.Model):
     def is_discarded(self) -> bool:
         return self.discarded_at is not None
 
+    @property
+    def public_id(self) -> str:
+        """The opaque id agents see for this chat (never the database id)."""
+        return public_ids.encode(self.id)
+
+    @property
+    def title_or_default(self) -> str:
+        """The title, or a placeholder that does not reveal the database id."""
+        return self.title or "Untitled conversation"
+
     def mentioned_agents(self, text: str) -> list[Agent]:
         """The chat's agents named as @Name in text, in the order they are first mentioned."""
         lowered = text.lower()
@@ -90,6 +104,29 @@ class ChatAgent(db.Model):
     chat: Mapped[Chat] = relationship(back_populates="chat_agents")
     agent: Mapped[Agent] = relationship(back_populates="chat_agents")
 
+    def summary_stale(self) -> bool:
+        """True when the agent has no summary of this chat, or it is older than the cooldown."""
+        generated = self.agent_summary_generated_at
+        return generated is None or generated < utcnow() - SUMMARY_COOLDOWN
+
+    def clear_borrowed_context(self, included: dict[str, Any] | None) -> bool:
+        """Clear the borrowed context if it is still the one `included` in a prompt (DESIGN 5.2).
+
+        Context staged again since then (during the reply that just succeeded, or by another reply) has a
+        different stamp and is kept for the next activation. True when something was cleared.
+        """
+        stamp = (included or {}).get("staged_at")
+        if not stamp:
+            return False
+        result = db.session.execute(
+            sa.update(ChatAgent)
+            .where(ChatAgent.id == self.id, ChatAgent.borrowed_context_json["staged_at"].as_string() == stamp)
+            .values(borrowed_context_json=sa.null())
+            .execution_options(synchronize_session=False)
+        )
+        db.session.expire(self, ["borrowed_context_json"])
+        return result.rowcount > 0
+
 
 class Message(db.Model):
     __tablename__ = "messages"
@@ -121,6 +158,11 @@ class Message(db.Model):
     user: Mapped["User | None"] = relationship()  # noqa: F821
     agent: Mapped[Agent | None] = relationship()
 
+    def excerpt(self, limit: int) -> str:
+        """The content cut to at most `limit` characters, marked with an ellipsis when cut."""
+        text = self.content or ""
+        return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
     @property
     def author_name(self) -> str:
         if self.agent is not None:
@@ -128,3 +170,37 @@ class Message(db.Model):
         if self.user is not None:
             return self.user.display_name
         return "System" if self.role == "system" else "User"
+
+
+def other_conversations(account_id: int, agent_ids: list[int], exclude_chat_id: int) -> sa.Select:
+    """The agents' summaries of their other active chats, newest first: one query for any number of agents.
+
+    Active: in the account, not discarded, updated within ACTIVE_WINDOW, with a non-blank summary. Each agent
+    gets at most ten rows (a window function keeps the query single).
+    """
+    rank = (
+        sa.func.row_number()
+        .over(partition_by=ChatAgent.agent_id, order_by=(Chat.updated_at.desc(), Chat.id.desc()))
+        .label("rank")
+    )
+    ranked = (
+        sa.select(ChatAgent.id, rank)
+        .join(Chat, Chat.id == ChatAgent.chat_id)
+        .where(
+            ChatAgent.agent_id.in_(agent_ids),
+            ChatAgent.chat_id != exclude_chat_id,
+            sa.func.trim(sa.func.coalesce(ChatAgent.agent_summary, "")) != "",
+            Chat.account_id == account_id,
+            Chat.discarded_at.is_(None),
+            Chat.updated_at > utcnow() - ACTIVE_WINDOW,
+        )
+        .subquery()
+    )
+    return (
+        sa.select(ChatAgent)
+        .join(ranked, ranked.c.id == ChatAgent.id)
+        .join(ChatAgent.chat)
+        .options(contains_eager(ChatAgent.chat))
+        .where(ranked.c.rank <= OTHER_CONVERSATIONS_LIMIT)
+        .order_by(ChatAgent.agent_id, Chat.updated_at.desc(), Chat.id.desc())
+    )

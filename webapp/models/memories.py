@@ -1,5 +1,6 @@
 import hashlib
 from datetime import datetime, timedelta
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Mapped, mapped_column, relationship, validates
@@ -12,6 +13,10 @@ from webapp.tokens import count_tokens
 MEMORY_TYPES = ("journal", "core")
 MAX_CONTENT_CHARS = 10_000
 JOURNAL_WINDOW = timedelta(days=7)
+
+
+class ConstitutionalMemoryError(ValueError):
+    """Raised by any attempt to delete or merge away a constitutional memory."""
 
 
 def content_hash_of(content: str) -> str:
@@ -58,6 +63,44 @@ class AgentMemory(db.Model):
             raise ValueError(f"Memory type must be one of {', '.join(MEMORY_TYPES)}.")
         return memory_type
 
+    @validates("deleted_at")
+    def _validate_deleted_at(self, _key: str, deleted_at: datetime | None) -> datetime | None:
+        # The model itself refuses, so no path (tool, job, admin page) can delete a constitutional memory.
+        if deleted_at is not None and self.constitutional:
+            raise ConstitutionalMemoryError(f"Memory #{self.id} is constitutional and cannot be deleted.")
+        return deleted_at
+
+    @property
+    def is_deleted(self) -> bool:
+        return self.deleted_at is not None
+
+    def is_expired(self, now: datetime) -> bool:
+        """A journal entry older than the journal window has faded from prompts."""
+        return self.memory_type == "journal" and self.created_at < now - JOURNAL_WINDOW
+
+    def soft_delete(self) -> None:
+        self.deleted_at = utcnow()
+
+    def restore(self) -> None:
+        self.deleted_at = None
+
+    def snapshot(self) -> dict[str, Any]:
+        """Everything a change can alter, as audit rows store it for diffs and rollback."""
+        return {
+            "content": self.content,
+            "memory_type": self.memory_type,
+            "constitutional": self.constitutional,
+            "deleted_at": self.deleted_at.isoformat() if self.deleted_at else None,
+        }
+
+    def apply_snapshot(self, snapshot: dict[str, Any]) -> None:
+        """Put the memory back exactly as a snapshot describes it (flags first, so deletion is allowed)."""
+        self.constitutional = snapshot["constitutional"]
+        self.content = snapshot["content"]
+        self.memory_type = snapshot["memory_type"]
+        deleted_at = snapshot["deleted_at"]
+        self.deleted_at = datetime.fromisoformat(deleted_at) if deleted_at else None
+
 
 def active_memories(agent_id: int) -> sa.Select:
     """Every memory of the agent that is not soft-deleted: the one scope all reads of memory go through."""
@@ -76,3 +119,18 @@ def prompt_memories(agent_id: int, now: datetime) -> sa.Select:
             sa.case((AgentMemory.memory_type == "core", 0), else_=1), AgentMemory.created_at, AgentMemory.id
         )
     )
+
+
+def core_memories(agent_id: int) -> sa.Select:
+    """The agent's active core memories, oldest first."""
+    return (
+        active_memories(agent_id)
+        .where(AgentMemory.memory_type == "core")
+        .order_by(AgentMemory.created_at, AgentMemory.id)
+    )
+
+
+def like_pattern(text: str) -> str:
+    """A LIKE pattern matching `text` anywhere, with its own % and _ taken literally (DESIGN.md 5.8)."""
+    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"

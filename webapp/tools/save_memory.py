@@ -1,7 +1,8 @@
 from typing import Any
 
 from webapp.extensions import db
-from webapp.models import AgentMemory, AuditLog
+from webapp.memory_ledger import record_change
+from webapp.models import AgentMemory
 from webapp.models.memories import JOURNAL_WINDOW, MAX_CONTENT_CHARS
 from webapp.timeutil import utcnow
 from webapp.tools.base import Tool, ToolContext
@@ -18,18 +19,12 @@ def save_memory(context: ToolContext, content: str, memory_type: str) -> dict[st
     content = content.strip()
     if not content:
         return {"error": "content must not be empty."}
-    memory = AgentMemory(agent_id=context.agent.id, content=content, memory_type=memory_type)
+    from webapp.jobs.refinement import trigger_if_over_budget
+
+    memory = AgentMemory(agent=context.agent, content=content, memory_type=memory_type)
     db.session.add(memory)
-    db.session.flush()
-    AuditLog.record(
-        "memory_create",
-        memory,
-        account_id=context.agent.account_id,
-        agent_id=context.agent.id,
-        after={"content": memory.content, "memory_type": memory_type},
-        via="save_memory",
-        chat_id=context.chat.id,
-    )
+    record_change(memory, "memory_create", None, via="save_memory", chat_id=context.chat.id)
+    trigger_if_over_budget(context.agent)
     db.session.commit()
     if memory_type == "journal":
         fades = (utcnow() + JOURNAL_WINDOW).strftime("%Y-%m-%d")

@@ -1,0 +1,336 @@
+"""Spec 000, corrected by DESIGN.md 5.1: idle group chats become each agent's own memories."""
+
+import json
+import time
+from datetime import timedelta
+
+import pytest
+import sqlalchemy as sa
+import time_machine
+
+from tests import factories
+from tests.querycount import count_queries
+from webapp.extensions import db
+from webapp.jobs.consolidation import (
+    chunk_messages,
+    consolidate_chat,
+    consolidate_stale_chats,
+    stale_chats_query,
+)
+from webapp.llm import LLMError
+from webapp.models import AgentMemory, AuditLog, Chat, ChatAgent, JobRun
+from webapp.queue import rq_queue
+from webapp.timeutil import utcnow
+from webapp.tokens import count_tokens
+
+
+def _hours_ago(hours: float):
+    return time_machine.travel(utcnow() - timedelta(hours=hours) + timedelta(seconds=1), tick=False)
+
+
+def _extraction(journal=(), core=()) -> str:
+    return json.dumps({"journal": list(journal), "core": list(core)})
+
+
+def _memories(agent) -> list[tuple[str, str]]:
+    db.session.expire_all()
+    rows = db.session.scalars(
+        sa.select(AgentMemory).where(AgentMemory.agent_id == agent.id).order_by(AgentMemory.id)
+    )
+    return [(m.memory_type, m.content) for m in rows]
+
+
+def _cursor(chat, agent) -> int | None:
+    db.session.expire_all()
+    return db.session.scalar(
+        sa.select(ChatAgent.last_consolidated_message_id).where(
+            ChatAgent.chat_id == chat.id, ChatAgent.agent_id == agent.id
+        )
+    )
+
+
+@pytest.fixture
+def ada(admin):
+    return factories.agent(admin.account, "Ada", system_prompt="You are Ada, a gardener.")
+
+
+@pytest.fixture
+def basil(admin):
+    return factories.agent(admin.account, "Basil")
+
+
+@pytest.fixture
+def group_chat(admin, ada, basil):
+    chat = factories.chat(admin.account, [ada, basil], "Garden club")
+    with _hours_ago(7):
+        factories.message(chat, "Hello agents!", author=admin)
+        factories.message(chat, "Hello! I'm happy to help.", author=ada)
+    return chat
+
+
+def _finder_chat_ids() -> list[int]:
+    return [job.args[0] for job in rq_queue().get_jobs() if job.func_name.endswith("consolidate_chat")]
+
+
+# The finder (spec section 8, finder tests)
+
+
+def test_finder_enqueues_consolidation_for_idle_group_chats(group_chat):
+    assert consolidate_stale_chats() == {"chats": 1}
+    assert _finder_chat_ids() == [group_chat.id]
+
+
+def test_finder_skips_recently_active_chats(group_chat, admin):
+    factories.message(group_chat, "New", author=admin)
+
+    consolidate_stale_chats()
+
+    assert _finder_chat_ids() == []
+
+
+def test_finder_skips_one_to_one_and_discarded_chats(group_chat, admin, ada):
+    one_to_one = factories.chat(admin.account, [ada])
+    discarded = factories.chat(admin.account, [ada], manual=True)
+    with _hours_ago(7):
+        factories.message(one_to_one, "Old", author=admin)
+        factories.message(discarded, "Old", author=admin)
+    discarded.discarded_at = utcnow()
+    db.session.commit()
+
+    consolidate_stale_chats()
+
+    assert _finder_chat_ids() == [group_chat.id]
+
+
+def test_finder_skips_consolidated_chats_without_new_messages(group_chat):
+    group_chat.last_consolidated_at = utcnow() - timedelta(hours=1)
+    group_chat.last_consolidated_message_id = max(m.id for m in group_chat_messages(group_chat))
+    db.session.commit()
+
+    consolidate_stale_chats()
+
+    assert _finder_chat_ids() == []
+
+
+def test_finder_includes_consolidated_chats_with_new_idle_messages(group_chat, admin):
+    group_chat.last_consolidated_at = utcnow() - timedelta(hours=8)
+    group_chat.last_consolidated_message_id = min(m.id for m in group_chat_messages(group_chat))
+    db.session.commit()
+    with _hours_ago(7):
+        factories.message(group_chat, "New old", author=admin)
+
+    consolidate_stale_chats()
+
+    assert _finder_chat_ids() == [group_chat.id]
+
+
+def test_the_finder_is_one_query(group_chat, admin, ada):
+    for _ in range(5):
+        chat = factories.chat(admin.account, [ada], manual=True)
+        with _hours_ago(7):
+            factories.message(chat, "Old", author=admin)
+
+    with count_queries() as counted:
+        found = db.session.scalars(stale_chats_query(utcnow(), timedelta(hours=6))).all()
+
+    assert len(found) == 6
+    assert counted.count == 1
+
+
+def group_chat_messages(chat):
+    from webapp.models import Message
+
+    return db.session.scalars(sa.select(Message).where(Message.chat_id == chat.id)).all()
+
+
+# The per-chat job (spec section 8, worker tests)
+
+
+def test_job_skips_one_to_one_chats(admin, ada, fake_llm):
+    chat = factories.chat(admin.account, [ada])
+    with _hours_ago(7):
+        factories.message(chat, "Hello", author=admin)
+
+    assert consolidate_chat(chat.id) == {"skipped": 1}
+    assert fake_llm.requests == [] and _memories(ada) == []
+
+
+def test_job_skips_recently_active_chats(group_chat, admin, ada, fake_llm):
+    factories.message(group_chat, "New message", author=admin)
+
+    assert consolidate_chat(group_chat.id) == {"skipped": 1}
+    assert fake_llm.requests == [] and _memories(ada) == []
+
+
+def test_each_agent_extracts_with_its_own_model(group_chat, ada, basil, fake_llm):
+    fake_llm.reply(_extraction(journal=["User prefers concise responses"]), model="ada-model")
+    fake_llm.reply(_extraction(core=["I value brevity"]), model="basil-model")
+
+    counts = consolidate_chat(group_chat.id)
+
+    assert sorted(r["model"] for r in fake_llm.requests) == ["ada-model", "basil-model"]
+    assert _memories(ada) == [("journal", "User prefers concise responses")]
+    assert _memories(basil) == [("core", "I value brevity")]
+    assert counts == {"agents": 2, "chunks": 2, "journal": 1, "core": 1, "duplicates": 0, "malformed": 0}
+    ada_prompt = next(r for r in fake_llm.requests if r["model"] == "ada-model")["messages"][0]["content"]
+    assert "Your identity:\nYou are Ada, a gardener." in ada_prompt
+    assert "[dana]: Hello agents!" in ada_prompt and "[Ada]: Hello! I'm happy to help." in ada_prompt
+    assert (
+        "existing memories are not changed here" in ada_prompt
+    )  # the prompt promises only what the job does
+    assert "update or refine" not in ada_prompt
+    assert [a.action for a in db.session.scalars(sa.select(AuditLog))] == ["memory_create", "memory_create"]
+
+
+def test_job_tracks_the_last_consolidated_message_per_agent_and_for_the_chat(
+    group_chat, ada, basil, fake_llm
+):
+    last_id = max(m.id for m in group_chat_messages(group_chat))
+
+    consolidate_chat(group_chat.id)
+
+    chat = db.session.get(Chat, group_chat.id)
+    assert chat.last_consolidated_message_id == last_id and chat.last_consolidated_at is not None
+    assert _cursor(group_chat, ada) == _cursor(group_chat, basil) == last_id
+
+
+def test_subsequent_runs_only_send_new_messages(group_chat, admin, ada, basil, fake_llm):
+    fake_llm.default_text = _extraction(journal=["First"])
+    consolidate_chat(group_chat.id)
+    with _hours_ago(7):
+        factories.message(group_chat, "Another message", author=admin)
+    fake_llm.requests.clear()
+
+    consolidate_chat(group_chat.id)
+
+    prompts = [r["messages"][0]["content"] for r in fake_llm.requests]
+    assert len(prompts) == 2
+    assert all("Another message" in p and "Hello agents!" not in p for p in prompts)
+
+
+def test_an_identical_memory_is_not_added_again(group_chat, ada, basil, fake_llm):
+    factories.memory(ada, "User likes tea", "journal")
+    factories.memory(ada, "Old deleted fact", "core", deleted_at=utcnow())
+    fake_llm.reply(
+        _extraction(journal=["user likes TEA", "New fact", "New fact"], core=["Old deleted fact"]),
+        model="ada-model",
+    )
+
+    counts = consolidate_chat(group_chat.id)
+
+    assert _memories(ada) == [
+        ("journal", "User likes tea"),
+        ("core", "Old deleted fact"),
+        ("journal", "New fact"),
+        ("core", "Old deleted fact"),
+    ]
+    assert counts["duplicates"] == 2
+
+
+def test_malformed_output_is_counted_and_fenced_json_is_read(group_chat, ada, basil, fake_llm):
+    fake_llm.reply("I'd rather not answer in JSON.", model="ada-model")
+    fake_llm.reply('Sure!\n```json\n{"journal": ["Fenced fact"], "core": []}\n```', model="basil-model")
+
+    counts = consolidate_chat(group_chat.id)
+
+    assert counts["malformed"] == 1
+    assert _memories(ada) == [] and _memories(basil) == [("journal", "Fenced fact")]
+
+
+def test_retry_after_a_failure_mid_chat_creates_no_duplicates(app, group_chat, ada, basil, fake_llm):
+    last_id = max(m.id for m in group_chat_messages(group_chat))
+    fake_llm.reply(_extraction(journal=["Ada's fact"]), model="ada-model")
+    fake_llm.fail(503, "overloaded", model="basil-model")
+
+    with pytest.raises(LLMError) as raised:
+        consolidate_chat(group_chat.id)
+
+    assert raised.value.retryable and "Basil" in str(raised.value) and "HTTP 503" in str(raised.value)
+    assert _cursor(group_chat, ada) == last_id
+    assert _cursor(group_chat, basil) is None  # the failed agent's cursor does not move
+    assert db.session.get(Chat, group_chat.id).last_consolidated_message_id is None
+    assert _memories(ada) == [("journal", "Ada's fact")]
+
+    fake_llm.requests.clear()
+    fake_llm.reply(_extraction(journal=["Basil's fact"]), model="basil-model")
+    consolidate_chat(group_chat.id)  # what RQ's retry runs
+
+    assert [r["model"] for r in fake_llm.requests] == ["basil-model"]
+    assert _memories(ada) == [("journal", "Ada's fact")] and _memories(basil) == [("journal", "Basil's fact")]
+    assert db.session.get(Chat, group_chat.id).last_consolidated_message_id == last_id
+    assert [r.status for r in db.session.scalars(sa.select(JobRun).order_by(JobRun.id))] == ["failed", "done"]
+
+
+def test_a_crash_after_some_chunks_resumes_after_the_last_saved_chunk(
+    app, group_chat, admin, ada, basil, fake_llm
+):
+    app.config["CONSOLIDATION_CHUNK_TOKENS"] = 30
+    with _hours_ago(7):
+        for i in range(3):
+            factories.message(group_chat, f"Long message number {i} " + "about roses " * 10, author=admin)
+    basil.paused = True
+    db.session.commit()
+    fake_llm.reply(_extraction(journal=["chunk one"]), model="ada-model")
+    fake_llm.reply(_extraction(journal=["chunk two"]), model="ada-model")
+    fake_llm.fail(500, "crashed", model="ada-model")
+
+    with pytest.raises(LLMError):
+        consolidate_chat(group_chat.id)
+    saved_cursor = _cursor(group_chat, ada)
+    fake_llm.requests.clear()
+    fake_llm.default_text = _extraction(journal=["the rest"])
+    consolidate_chat(group_chat.id)
+
+    assert saved_cursor is not None
+    assert _memories(ada) == [("journal", "chunk one"), ("journal", "chunk two"), ("journal", "the rest")]
+    assert all("number 0" not in r["messages"][0]["content"] for r in fake_llm.requests)
+
+
+def test_new_core_memories_are_carried_into_the_next_chunk(app, group_chat, admin, ada, basil, fake_llm):
+    app.config["CONSOLIDATION_CHUNK_TOKENS"] = 8  # one message per chunk
+    basil.paused = True
+    db.session.commit()
+    fake_llm.reply(_extraction(core=["I care for old roses"]), model="ada-model")
+
+    consolidate_chat(group_chat.id)
+
+    ada_prompts = [r["messages"][0]["content"] for r in fake_llm.requests]
+    assert len(ada_prompts) == 2
+    assert "- I care for old roses" not in ada_prompts[0] and "- I care for old roses" in ada_prompts[1]
+
+
+def test_a_250k_token_transcript_splits_into_three_whole_chunks():
+    message = "word " * 9_996  # 10,000 tokens with its author prefix
+    lines = [(i, f"[dana]: {message}") for i in range(25)]
+    assert sum(count_tokens(text) for _, text in lines) == pytest.approx(250_000, rel=0.01)
+
+    chunks = chunk_messages(lines, 100_000)
+
+    assert [len(c) for c in chunks] == [10, 10, 5]
+    assert [line for chunk in chunks for line in chunk] == lines  # whole messages, none lost, in order
+
+
+def test_agents_are_consolidated_concurrently(app, admin, fake_llm):
+    agents = [factories.agent(admin.account, f"Agent{i}") for i in range(5)]
+    chat = factories.chat(admin.account, agents)
+    with _hours_ago(7):
+        factories.message(chat, "Hello all", author=admin)
+    app.config["CONSOLIDATION_CONCURRENCY"] = 5
+    fake_llm.delay = 0.5
+
+    started = time.monotonic()
+    counts = consolidate_chat(chat.id)
+    elapsed = time.monotonic() - started
+
+    assert counts["agents"] == 5
+    assert fake_llm.max_in_flight == 5
+    assert elapsed < 2.0  # sequential would take 2.5 s
+
+
+def test_paused_agents_are_left_out(group_chat, ada, basil, fake_llm):
+    basil.paused = True
+    db.session.commit()
+
+    consolidate_chat(group_chat.id)
+
+    assert [r["model"] for r in fake_llm.requests] == ["ada-model"]

@@ -1,0 +1,231 @@
+"""The jobs page: recent runs with status, duration, tokens and errors; filters, pages, and running again."""
+
+import re
+from datetime import datetime, timedelta
+
+import pytest
+import sqlalchemy as sa
+
+from tests import factories
+from tests.querycount import count_queries
+from webapp.extensions import db
+from webapp.models import JobRun, LlmCall
+from webapp.queue import rq_queue
+from webapp.timeutil import utcnow
+
+HTMX = {"HX-Request": "true"}
+
+
+@pytest.fixture
+def signed_in(auth, admin):
+    return auth.login(admin)
+
+
+@pytest.fixture
+def ada(admin):
+    return factories.agent(admin.account, "Ada")
+
+
+def _run_ids(html: str) -> list[int]:
+    return [int(i) for i in re.findall(r'<tr id="run-(\d+)"', html)]
+
+
+def _row(html: str, run: JobRun) -> str:
+    return re.search(rf'<tr id="run-{run.id}".*?</tr>', html, re.S).group(0)
+
+
+def test_jobs_is_a_full_page_and_a_fragment(client, signed_in):
+    run = factories.job_run(signed_in.account)
+
+    page = client.get("/admin/jobs")
+    fragment = client.get("/admin/jobs?status=done", headers={**HTMX, "HX-Target": "job-runs"})
+
+    assert "<html" in page.text and '<form class="filters"' in page.text
+    assert fragment.text.lstrip().startswith('<div id="job-runs">') and "<html" not in fragment.text
+    assert _run_ids(page.text) == _run_ids(fragment.text) == [run.id]
+    assert "HX-Request" in page.headers["Vary"] and "HX-Request" in fragment.headers["Vary"]
+
+
+def test_a_run_shows_status_duration_tokens_and_error(client, signed_in, ada, stranger):
+    started = utcnow() - timedelta(minutes=5)
+    run = factories.job_run(
+        signed_in.account,
+        target="messages:7",
+        status="failed",
+        started_at=started,
+        finished_at=started + timedelta(seconds=125),
+        error="LLMError: The model returned HTTP 400: context too long",
+    )
+    factories.llm_call(ada, job_run_id=run.id, prompt_tokens=1_200, completion_tokens=30)
+    factories.llm_call(ada, job_run_id=run.id, prompt_tokens=800, completion_tokens=20)
+    factories.llm_call(ada, prompt_tokens=5_000)  # another run's call
+
+    row = _row(client.get("/admin/jobs").text, run)
+
+    assert '<span class="status failed">failed</span>' in row and "messages:7" in row
+    assert "2 min 05 s" in row
+    assert "2,000 / 50" in row
+    assert "HTTP 400: context too long" in row
+    assert "Run again" in row
+
+
+def test_a_run_across_accounts_counts_only_this_accounts_tokens(client, signed_in, ada, stranger):
+    finder = factories.job_run(None, "reflect", counts={"agents": 2})
+    factories.llm_call(ada, job_run_id=finder.id, prompt_tokens=100, completion_tokens=10)
+    factories.llm_call(
+        factories.agent(stranger.account, "Mallory"), job_run_id=finder.id, prompt_tokens=9_999
+    )
+
+    row = _row(client.get("/admin/jobs").text, finder)
+
+    assert "all accounts" in row and "100 / 10" in row and "9,999" not in row and "10,099" not in row
+    assert "agents: 2" in row
+
+
+def test_another_accounts_runs_never_appear(client, signed_in, stranger):
+    mine = factories.job_run(signed_in.account)
+    factories.job_run(stranger.account, target="globex-secret", status="failed", error="globex")
+
+    html = client.get("/admin/jobs").text
+
+    assert _run_ids(html) == [mine.id] and "globex" not in html
+
+
+def test_filters_by_type_status_and_day(client, signed_in):
+    today = utcnow().replace(hour=12, minute=0, second=0, microsecond=0)
+    reply = factories.job_run(signed_in.account, "reply", status="failed", started_at=today)
+    summary = factories.job_run(signed_in.account, "summarize", started_at=today)
+    old = factories.job_run(signed_in.account, "reply", started_at=today - timedelta(days=3))
+
+    def shown(query: str) -> set[int]:
+        return set(_run_ids(client.get(f"/admin/jobs?{query}").text))
+
+    assert shown("") == {reply.id, summary.id, old.id}
+    assert shown("type=reply") == {reply.id, old.id}
+    assert shown("status=failed") == {reply.id}
+    assert shown(f"day={today.date().isoformat()}") == {reply.id, summary.id}
+    assert shown("type=reply&status=done") == {old.id}
+    assert shown("status=bogus&day=not-a-day") == {reply.id, summary.id, old.id}  # bad filters are ignored
+
+
+def test_runs_come_newest_first_fifty_to_a_page(client, signed_in):
+    start = datetime(2025, 1, 1)
+    runs = [factories.job_run(signed_in.account, started_at=start + timedelta(minutes=i)) for i in range(120)]
+    newest_first = [run.id for run in reversed(runs)]
+
+    first = client.get("/admin/jobs?type=reply").text
+    third = client.get("/admin/jobs?type=reply&page=3", headers={**HTMX, "HX-Target": "job-runs"}).text
+
+    assert _run_ids(first) == newest_first[:50]
+    assert 'href="/admin/jobs?page=2&amp;type=reply"' in first and "Newer" not in first
+    assert _run_ids(third) == newest_first[100:]
+    assert "Older" not in third and 'href="/admin/jobs?page=2&amp;type=reply"' in third
+
+
+def test_run_again_enqueues_the_failed_runs_job_with_its_args(client, signed_in):
+    failed = factories.job_run(signed_in.account, "reply", status="failed", args=[[5, 6]], error="boom")
+
+    response = client.post(f"/admin/jobs/{failed.id}/rerun", headers=HTMX)
+
+    assert response.status_code == 200
+    assert "Queued again" in response.text and "<html" not in response.text
+    [job] = rq_queue().get_jobs()
+    assert job.func_name == "webapp.jobs.replies.respond"
+    assert job.args == ([5, 6],)
+
+
+def test_run_again_without_htmx_goes_back_to_the_jobs_page(client, signed_in):
+    failed = factories.job_run(signed_in.account, "reply", status="failed", args=[[5]])
+
+    response = client.post(f"/admin/jobs/{failed.id}/rerun")
+
+    assert response.status_code == 303 and response.headers["Location"] == "/admin/jobs"
+    assert "Queued again" in client.get("/admin/jobs").text
+    assert len(rq_queue().get_jobs()) == 1
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"status": "done"}, "only a failed run can be run again"),
+        ({"status": "running"}, "only a failed run can be run again"),
+        ({"status": "failed", "job_type": "retired-job"}, "no job of type “retired-job”"),
+    ],
+)
+def test_run_again_refuses_runs_that_are_not_failed_or_unknown(client, signed_in, fields, message):
+    run = factories.job_run(signed_in.account, **{"job_type": "reply", "args": [[1]], **fields})
+
+    response = client.post(f"/admin/jobs/{run.id}/rerun", headers=HTMX)
+
+    assert response.status_code == 422 and message in response.text
+    assert "Run again" not in _row(client.get("/admin/jobs").text, run)
+    assert rq_queue().count == 0
+
+
+def test_another_accounts_run_cannot_be_run_again(client, signed_in, stranger):
+    theirs = factories.job_run(stranger.account, "reply", status="failed", args=[[1]])
+
+    assert client.post(f"/admin/jobs/{theirs.id}/rerun", headers=HTMX).status_code == 404
+    assert client.post("/admin/jobs/999999/rerun", headers=HTMX).status_code == 404
+    assert rq_queue().count == 0
+
+
+def test_run_again_needs_a_csrf_token(app, client, signed_in):
+    failed = factories.job_run(signed_in.account, "reply", status="failed", args=[[1]])
+    app.config["WTF_CSRF_ENABLED"] = True
+
+    assert client.post(f"/admin/jobs/{failed.id}/rerun", headers=HTMX).status_code == 400
+    assert rq_queue().count == 0
+
+
+def test_members_are_forbidden(client, auth, member, admin):
+    failed = factories.job_run(admin.account, "reply", status="failed", args=[[1]])
+    auth.login(member)
+
+    assert client.get("/admin/jobs").status_code == 403
+    assert client.post(f"/admin/jobs/{failed.id}/rerun", headers=HTMX).status_code == 403
+    assert rq_queue().count == 0
+
+
+def _fill(account, agent, count: int) -> None:
+    start = utcnow() - timedelta(days=1)
+    runs = [
+        {
+            "job_type": ("reply", "summarize")[i % 2],
+            "account_id": account.id,
+            "status": ("done", "failed")[i % 2],
+            "args": [[i]],
+            "counts": {},
+            "started_at": start + timedelta(seconds=i),
+            "finished_at": start + timedelta(seconds=i + 3),
+        }
+        for i in range(count)
+    ]
+    db.session.execute(sa.insert(JobRun), runs)
+    ids = db.session.scalars(sa.select(JobRun.id)).all()
+    calls = [
+        {
+            "agent_id": agent.id,
+            "job_run_id": i,
+            "purpose": "reply",
+            "model": "m",
+            "status": "ok",
+            "prompt_tokens": 9,
+        }
+        for i in ids
+    ]
+    db.session.execute(sa.insert(LlmCall), calls)
+    db.session.commit()
+
+
+def test_the_page_runs_the_same_queries_for_10_or_1000_runs(client, signed_in, ada):
+    def queries(count: int) -> int:
+        db.session.execute(sa.delete(LlmCall))
+        db.session.execute(sa.delete(JobRun))
+        _fill(signed_in.account, ada, count)
+        with count_queries() as counted:
+            html = client.get("/admin/jobs").text
+        assert len(_run_ids(html)) == min(count, 50)
+        return counted.count
+
+    assert queries(10) == queries(1000) <= 6

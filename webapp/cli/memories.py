@@ -1,0 +1,109 @@
+"""`flask memories ...`: run the memory jobs on demand and backfill derived columns."""
+
+import click
+import sqlalchemy as sa
+from flask.cli import AppGroup
+
+from webapp.extensions import db
+from webapp.models import AgentMemory
+from webapp.queue import enqueue
+
+memories_cli = AppGroup("memories", help="Agents' memories: consolidation, reflection, backfills.")
+BACKFILL_BATCH = 500
+
+
+def _run_or_enqueue(func, args: tuple, now: bool, label: str) -> None:
+    if now:
+        click.echo(f"{label}: {func(*args)}")
+    else:
+        enqueue(func, *args)
+        db.session.commit()
+        click.echo(f"{label}: enqueued")
+
+
+@memories_cli.command("consolidate")
+@click.option("--chat", "chat_id", type=int, help="One chat (default: every idle group chat that needs it).")
+@click.option("--now", is_flag=True, help="Run inline instead of through the worker.")
+def consolidate(chat_id: int | None, now: bool) -> None:
+    """Consolidate idle group chats into their agents' memories."""
+    from webapp.jobs.consolidation import (
+        consolidate_chat,
+        consolidate_stale_chats,
+        idle_threshold,
+        stale_chats_query,
+    )
+    from webapp.timeutil import utcnow
+
+    if chat_id is not None:
+        _run_or_enqueue(consolidate_chat, (chat_id,), now, f"chat {chat_id}")
+    elif not now:
+        _run_or_enqueue(consolidate_stale_chats, (), now, "finder")
+    else:
+        for found in db.session.scalars(stale_chats_query(utcnow(), idle_threshold())).all():
+            _run_or_enqueue(consolidate_chat, (found,), True, f"chat {found}")
+
+
+@memories_cli.command("reflect")
+@click.option("--agent", "agent_id", type=int, help="One agent (default: every agent with recent journal).")
+@click.option("--now", is_flag=True, help="Run inline instead of through the worker.")
+def reflect(agent_id: int | None, now: bool) -> None:
+    """Let agents promote journal entries to core memories."""
+    from webapp.jobs.reflection import agents_to_reflect_query, reflect_agent, reflect_all
+    from webapp.timeutil import utcnow
+
+    if agent_id is not None:
+        _run_or_enqueue(reflect_agent, (agent_id,), now, f"agent {agent_id}")
+    elif not now:
+        _run_or_enqueue(reflect_all, (), now, "finder")
+    else:
+        for found in db.session.scalars(agents_to_reflect_query(utcnow())).all():
+            _run_or_enqueue(reflect_agent, (found,), True, f"agent {found}")
+
+
+@memories_cli.command("refine")
+@click.option(
+    "--agent", "agent_id", type=int, help="One agent, refined even if not due (default: every due agent)."
+)
+@click.option("--now", is_flag=True, help="Run inline instead of through the worker.")
+def refine(agent_id: int | None, now: bool) -> None:
+    """Run memory refinement sessions."""
+    from webapp.jobs.refinement import agents_due_query, refine_agent, refine_due
+    from webapp.timeutil import utcnow
+
+    if agent_id is not None:
+        _run_or_enqueue(refine_agent, (agent_id, True), now, f"agent {agent_id}")
+    elif not now:
+        _run_or_enqueue(refine_due, (), now, "finder")
+    else:
+        for found in db.session.scalars(agents_due_query(utcnow())).all():
+            _run_or_enqueue(refine_agent, (found,), True, f"agent {found}")
+
+
+@memories_cli.command("dedup")
+@click.option("--agent", "agent_id", type=int, help="One agent (default: every agent).")
+def dedup(agent_id: int | None) -> None:
+    """Soft-delete repeated core memories (the oldest copy and constitutional ones stay), with audit rows."""
+    from webapp.memory_ledger import dedup_for_agent
+    from webapp.models import Agent
+
+    agent_ids = [agent_id] if agent_id is not None else db.session.scalars(sa.select(Agent.id)).all()
+    for found in agent_ids:
+        click.echo(f"agent {found}: {dedup_for_agent(found, session_id=None, via='cli')} duplicates removed")
+
+
+@memories_cli.command("backfill")
+def backfill() -> None:
+    """Compute content_hash and token_estimate for memories that lack them, in batches."""
+    missing = sa.or_(AgentMemory.content_hash.is_(None), AgentMemory.token_estimate.is_(None))
+    total = db.session.scalar(sa.select(sa.func.count()).where(missing))
+    done = 0
+    while batch := db.session.scalars(sa.select(AgentMemory).where(missing).limit(BACKFILL_BATCH)).all():
+        for memory in batch:
+            memory.content = memory.content  # the validator recomputes the hash and the token count
+        db.session.commit()
+        done += len(batch)
+        click.echo(f"backfilled {done}/{total}")
+    click.echo(f"Done: {done} memories updated.")
+
+
+COMMANDS = [memories_cli]

@@ -1,0 +1,64 @@
+"""Summary CLI commands (spec 003): generate the agents' missing conversation summaries."""
+
+import click
+import sqlalchemy as sa
+from flask.cli import AppGroup
+
+from webapp.extensions import db
+from webapp.jobs.summaries import summarize
+from webapp.llm import LLMError
+from webapp.models import Agent, Chat, ChatAgent
+from webapp.models.chats import ACTIVE_WINDOW
+from webapp.queue import enqueue
+from webapp.timeutil import utcnow
+
+summaries_cli = AppGroup("summaries", help="Agents' summaries of their conversations.")
+
+
+def _missing(agent_id: int | None) -> list[ChatAgent]:
+    """Agents' rows in active chats (not discarded, updated within 6 hours) that have no summary yet."""
+    query = (
+        sa.select(ChatAgent)
+        .join(Chat, Chat.id == ChatAgent.chat_id)
+        .join(Agent, Agent.id == ChatAgent.agent_id)
+        .where(
+            sa.func.trim(sa.func.coalesce(ChatAgent.agent_summary, "")) == "",
+            Chat.discarded_at.is_(None),
+            Chat.updated_at > utcnow() - ACTIVE_WINDOW,
+            Agent.paused.is_(False),
+        )
+        .order_by(ChatAgent.id)
+    )
+    if agent_id is not None:
+        query = query.where(ChatAgent.agent_id == agent_id)
+    return list(db.session.scalars(query))
+
+
+@summaries_cli.command("backfill")
+@click.option("--agent", "agent_id", type=int, default=None, help="Only this agent (its id).")
+@click.option("--now", is_flag=True, help="Generate inline instead of enqueueing one job per summary.")
+def backfill(agent_id: int | None, now: bool) -> None:
+    """Generate the missing summaries of active conversations (enqueued for the workers unless --now)."""
+    if agent_id is not None and db.session.get(Agent, agent_id) is None:
+        raise click.ClickException(f"No agent with id {agent_id}.")
+    missing = [(row.chat_id, row.agent_id) for row in _missing(agent_id)]
+    if not now:
+        for chat_id, row_agent_id in missing:
+            enqueue(summarize, chat_id, row_agent_id)
+        db.session.commit()
+        click.echo(f"{len(missing)} missing summaries: enqueued {len(missing)} jobs.")
+        return
+    generated = failed = 0
+    for chat_id, row_agent_id in missing:
+        try:
+            generated += summarize(chat_id, row_agent_id).get("summarized", 0)
+        except LLMError as error:
+            failed += 1
+            click.echo(f"chat {chat_id}, agent {row_agent_id}: {error}", err=True)
+    skipped = len(missing) - generated - failed
+    click.echo(
+        f"{len(missing)} missing summaries: {generated} generated, {skipped} skipped, {failed} failed."
+    )
+
+
+COMMANDS = [summaries_cli]

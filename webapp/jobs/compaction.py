@@ -1,0 +1,112 @@
+"""Spec 004: keep every prompt bounded. When a chat's history after its last cut passes the threshold, a job
+(never the reply path) summarizes the oldest messages beyond the most recent ones and appends the summary to
+the chat's memory_doc; compacted_through_message_id records the cut. Messages are never changed or deleted."""
+
+from typing import Any
+
+import sqlalchemy as sa
+from flask import current_app
+from sqlalchemy.orm import joinedload
+
+from webapp import llm
+from webapp.extensions import db
+from webapp.models import Chat, Message
+from webapp.prompts import render
+from webapp.queue import enqueue, recorded_job, redis_connection
+
+ENQUEUE_COOLDOWN_SECONDS = 600  # one pending compaction per chat is enough
+
+
+def thresholds(chat: Chat) -> tuple[int, int]:
+    """(threshold, keep_recent) for this chat: its own overrides, else the global settings."""
+    config = current_app.config
+    return (
+        chat.compaction_threshold or config["COMPACTION_THRESHOLD"],
+        chat.compaction_keep_recent or config["COMPACTION_KEEP_RECENT"],
+    )
+
+
+def _after_cut(chat: Chat) -> sa.Select:
+    query = sa.select(Message).where(
+        Message.chat_id == chat.id, Message.status == "done", Message.content != ""
+    )
+    if chat.compacted_through_message_id:
+        query = query.where(Message.id > chat.compacted_through_message_id)
+    return query
+
+
+def messages_after_cut(chat: Chat) -> int:
+    return db.session.scalar(_after_cut(chat).with_only_columns(sa.func.count()))
+
+
+def compact_if_needed(chat: Chat) -> bool:
+    """Enqueue a compaction when the history after the cut passes the threshold (at most one pending)."""
+    threshold, _ = thresholds(chat)
+    if messages_after_cut(chat) <= threshold:
+        return False
+    if not redis_connection().set(
+        f"cairn:compaction-queued:{chat.id}", "1", nx=True, ex=ENQUEUE_COOLDOWN_SECONDS
+    ):
+        return False
+    enqueue(compact_chat, chat.id)
+    return True
+
+
+def _account(chat_id: int) -> int | None:
+    return db.session.scalar(sa.select(Chat.account_id).where(Chat.id == chat_id))
+
+
+@recorded_job("compact", target=lambda chat_id: f"chat:{chat_id}", account=_account)
+def compact_chat(chat_id: int) -> dict[str, Any]:
+    """Summarize all but the newest messages after the cut into the chat's memory_doc, and move the cut."""
+    chat = db.session.get(Chat, chat_id)
+    redis_connection().delete(f"cairn:compaction-queued:{chat_id}")
+    if chat is None:
+        return {"skipped": "no such chat"}
+    threshold, keep_recent = thresholds(chat)
+    messages = db.session.scalars(
+        _after_cut(chat).options(joinedload(Message.user), joinedload(Message.agent)).order_by(Message.id)
+    ).all()
+    if len(messages) <= threshold:
+        return {"skipped": "under the threshold", "messages": len(messages)}
+    old = messages[:-keep_recent] if keep_recent else messages
+    transcript = "\n".join(f"{m.author_name}: {m.content}" for m in old)
+    model, old_cut = _model_for(chat), chat.compacted_through_message_id
+    last_id, heading = old[-1].id, f"## Through {old[-1].created_at:%Y-%m-%d %H:%M} UTC"
+    db.session.commit()  # hold no transaction while the model thinks
+    result = llm.complete(
+        model,
+        [{"role": "system", "content": render("compaction.txt")}, {"role": "user", "content": transcript}],
+        purpose="compact",
+        chat_id=chat_id,
+    )
+    summary = result.text.strip()
+    if not summary:
+        raise llm.LLMError("The model returned an empty summary.", retryable=True)
+    moved = _append_summary(chat_id, old_cut, last_id, f"{heading}\n\n{summary}")
+    return {"summarized": len(old) if moved else 0, "kept": len(messages) - len(old), "raced": int(not moved)}
+
+
+def _model_for(chat: Chat) -> str:
+    configured = current_app.config["COMPACTION_MODEL_ID"]
+    if configured:
+        return configured
+    return chat.agents[0].model_id if chat.agents else current_app.config["DEFAULT_MODEL_ID"]
+
+
+def _append_summary(chat_id: int, old_cut: int | None, last_id: int, section: str) -> bool:
+    """Append the section and move the cut in one statement, only if no other compaction moved it first."""
+    new_doc = sa.case((Chat.memory_doc == "", section), else_=Chat.memory_doc + "\n\n" + section)
+    same_cut = (
+        Chat.compacted_through_message_id.is_(None)
+        if old_cut is None
+        else Chat.compacted_through_message_id == old_cut
+    )
+    moved = db.session.execute(
+        sa.update(Chat)
+        .where(Chat.id == chat_id, same_cut)
+        .values(memory_doc=new_doc, compacted_through_message_id=last_id)
+        .execution_options(synchronize_session=False)
+    ).rowcount
+    db.session.commit()
+    return bool(moved)

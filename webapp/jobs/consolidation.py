@@ -1,0 +1,282 @@
+"""Spec 000: hourly, turn idle group chats into memories, each agent extracting its own with its own model.
+
+Corrected as DESIGN.md 5.1 says: progress is a cursor per agent (chat_agents.last_consolidated_message_id),
+committed in the same transaction as the memories it produced, so a crash or retry never duplicates or skips;
+a failed extraction leaves that agent's cursor in place and the job retries; the chat's own cursor moves only
+when every agent is through. The agents of a chat are processed concurrently.
+"""
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from flask import current_app
+from sqlalchemy.orm import joinedload
+
+from webapp import llm
+from webapp.extensions import db
+from webapp.jobs.concurrency import map_in_threads
+from webapp.jsonparse import parse_json_object
+from webapp.llm import LLMError
+from webapp.memory_ledger import record_change
+from webapp.models import AgentMemory, Chat, ChatAgent, Message
+from webapp.models.memories import MAX_CONTENT_CHARS, active_memories, content_hash_of
+from webapp.prompts import render
+from webapp.queue import enqueue, recorded_job
+from webapp.timeutil import utcnow
+from webapp.tokens import count_tokens
+
+log = logging.getLogger(__name__)
+MEMORY_TYPES = ("journal", "core")
+
+
+def stale_chats_query(now: datetime, idle: timedelta) -> sa.Select:
+    """Group chats idle for `idle` that were never consolidated or have messages since: one query."""
+    latest = (
+        sa.select(
+            Message.chat_id,
+            sa.func.max(Message.id).label("last_id"),
+            sa.func.max(Message.created_at).label("last_at"),
+        )
+        .group_by(Message.chat_id)
+        .subquery()
+    )
+    return (
+        sa.select(Chat.id)
+        .join(latest, latest.c.chat_id == Chat.id)
+        .where(
+            Chat.manual_responses.is_(True),
+            Chat.discarded_at.is_(None),
+            latest.c.last_at <= now - idle,
+            sa.or_(
+                Chat.last_consolidated_message_id.is_(None),
+                Chat.last_consolidated_message_id < latest.c.last_id,
+            ),
+        )
+        .order_by(Chat.id)
+    )
+
+
+def idle_threshold() -> timedelta:
+    return timedelta(hours=current_app.config["CONSOLIDATION_IDLE_HOURS"])
+
+
+@recorded_job("consolidate_finder")
+def consolidate_stale_chats() -> dict[str, int]:
+    """Find the chats to consolidate and enqueue one job for each."""
+    chat_ids = db.session.scalars(stale_chats_query(utcnow(), idle_threshold())).all()
+    for chat_id in chat_ids:
+        enqueue(consolidate_chat, chat_id)
+    db.session.commit()
+    return {"chats": len(chat_ids)}
+
+
+@dataclass
+class AgentOutcome:
+    agent_name: str
+    chunks: int = 0
+    journal: int = 0
+    core: int = 0
+    duplicates: int = 0
+    malformed: int = 0
+    error: LLMError | None = None
+
+
+def _chat_account(chat_id: int, force: bool = False) -> int | None:
+    return db.session.scalar(sa.select(Chat.account_id).where(Chat.id == chat_id))
+
+
+@recorded_job("consolidate", target=lambda chat_id, force=False: f"chat:{chat_id}", account=_chat_account)
+def consolidate_chat(chat_id: int, force: bool = False) -> dict[str, Any]:
+    """Extract memories from one chat's new messages for each of its agents (force: even if not idle)."""
+    chat = db.session.get(Chat, chat_id)
+    if chat is None or not _eligible(chat, force):
+        return {"skipped": 1}
+    through_id = db.session.scalar(sa.select(sa.func.max(Message.id)).where(Message.chat_id == chat.id))
+    pending = [
+        link.id
+        for link in chat.chat_agents
+        if not link.agent.paused and (link.last_consolidated_message_id or 0) < (through_id or 0)
+    ]
+    db.session.commit()  # no transaction stays open while the agents' models work
+    outcomes = map_in_threads(
+        lambda link_id: _consolidate_for_agent(link_id, through_id),
+        pending,
+        current_app.config["CONSOLIDATION_CONCURRENCY"],
+    )
+    failed = [o for o in outcomes if o.error]
+    if failed:
+        raise _combined_error(failed, len(outcomes))
+    _mark_chat_consolidated(chat_id, through_id)
+    _trigger_refinements(chat_id)
+    return _totals(outcomes)
+
+
+def _trigger_refinements(chat_id: int) -> None:
+    from webapp.jobs.refinement import trigger_if_over_budget
+
+    for link in db.session.get(Chat, chat_id).chat_agents:
+        trigger_if_over_budget(link.agent)
+    db.session.commit()
+
+
+def _eligible(chat: Chat, force: bool) -> bool:
+    if not chat.manual_responses or chat.discarded_at is not None:
+        return False
+    last_at = db.session.scalar(sa.select(sa.func.max(Message.created_at)).where(Message.chat_id == chat.id))
+    return last_at is not None and (force or last_at <= utcnow() - idle_threshold())
+
+
+def _mark_chat_consolidated(chat_id: int, through_id: int | None) -> None:
+    db.session.execute(
+        sa.update(Chat)
+        .where(Chat.id == chat_id)
+        .values(last_consolidated_at=utcnow(), last_consolidated_message_id=through_id)
+        .execution_options(synchronize_session=False)
+    )
+    db.session.commit()
+
+
+def _totals(outcomes: list[AgentOutcome]) -> dict[str, int]:
+    keys = ("chunks", "journal", "core", "duplicates", "malformed")
+    totals = {key: sum(getattr(o, key) for o in outcomes) for key in keys}
+    return {"agents": len(outcomes), **totals}
+
+
+def _combined_error(failed: list[AgentOutcome], total: int) -> LLMError:
+    reasons = "; ".join(f"{o.agent_name}: {o.error}" for o in failed)
+    retryable = any(o.error.retryable for o in failed)
+    return LLMError(f"{len(failed)} of {total} agents failed ({reasons})", retryable=retryable)
+
+
+def _consolidate_for_agent(link_id: int, through_id: int) -> AgentOutcome:
+    """One agent's extraction over the messages after its cursor, chunk by chunk; runs in its own thread."""
+    link = db.session.get(ChatAgent, link_id)
+    agent = link.agent
+    outcome = AgentOutcome(agent_name=agent.name)
+    messages = _transcript_lines(link.chat_id, link.last_consolidated_message_id or 0, through_id)
+    core = list(
+        db.session.scalars(
+            active_memories(agent.id)
+            .where(AgentMemory.memory_type == "core")
+            .order_by(AgentMemory.created_at)
+            .with_only_columns(AgentMemory.content)
+        )
+    )
+    identity, model, agent_id, chat_id = agent.identity(), agent.model_id, agent.id, link.chat_id
+    db.session.commit()
+    for chunk in chunk_messages(messages, current_app.config["CONSOLIDATION_CHUNK_TOKENS"]):
+        prompt = render(
+            "consolidation_extract.txt",
+            identity=identity,
+            core_memories=core,
+            transcript="\n\n".join(text for _, text in chunk),
+        )
+        try:
+            result = llm.complete(
+                model,
+                [{"role": "user", "content": prompt}],
+                purpose="extract",
+                agent_id=agent_id,
+                chat_id=chat_id,
+                response_format=_json_format(),
+            )
+        except LLMError as error:
+            outcome.error = error  # this agent's cursor stays after its last saved chunk
+            log.warning("extraction failed for agent %s in chat %s: %s", agent_id, chat_id, error)
+            return outcome
+        extracted = _parse_extraction(result.text, outcome)
+        _save_chunk(link_id, agent_id, chat_id, extracted, chunk[-1][0], outcome)
+        core += extracted["core"]  # the next chunk sees the core memories this one added
+        outcome.chunks += 1
+    return outcome
+
+
+def _json_format() -> dict[str, str] | None:
+    return {"type": "json_object"} if current_app.config["LLM_JSON_MODE"] else None
+
+
+def _transcript_lines(chat_id: int, after_id: int, through_id: int) -> list[tuple[int, str]]:
+    """(message id, "[Author]: text") for the finished messages after the cursor, oldest first."""
+    messages = db.session.scalars(
+        sa.select(Message)
+        .options(joinedload(Message.user), joinedload(Message.agent))
+        .where(
+            Message.chat_id == chat_id,
+            Message.id > after_id,
+            Message.id <= through_id,
+            Message.status == "done",
+            Message.content != "",
+        )
+        .order_by(Message.id)
+    )
+    return [(m.id, f"[{m.author_name}]: {m.content}") for m in messages]
+
+
+def chunk_messages(lines: list[tuple[int, str]], target_tokens: int) -> list[list[tuple[int, str]]]:
+    """Split lines into chunks of about target_tokens (tiktoken), keeping each message whole."""
+    chunks: list[list[tuple[int, str]]] = []
+    current: list[tuple[int, str]] = []
+    used = 0
+    for line in lines:
+        tokens = count_tokens(line[1])
+        if current and used + tokens > target_tokens:
+            chunks.append(current)
+            current, used = [], 0
+        current.append(line)
+        used += tokens
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+def _parse_extraction(text: str, outcome: AgentOutcome) -> dict[str, list[str]]:
+    """{"journal": [...], "core": [...]} of usable strings; malformed output counts and extracts nothing."""
+    parsed = parse_json_object(text)
+    if parsed is None:
+        outcome.malformed += 1
+        return {"journal": [], "core": []}
+    return {kind: _usable(parsed.get(kind)) for kind in MEMORY_TYPES}
+
+
+def _usable(values: Any) -> list[str]:
+    if not isinstance(values, list):
+        return []
+    texts = [str(v).strip() for v in values if isinstance(v, str | int | float) and not isinstance(v, bool)]
+    return [t for t in texts if 1 <= len(t) <= MAX_CONTENT_CHARS]
+
+
+def _save_chunk(
+    link_id: int,
+    agent_id: int,
+    chat_id: int,
+    extracted: dict[str, list[str]],
+    last_message_id: int,
+    outcome: AgentOutcome,
+) -> None:
+    """Add the chunk's new memories and move the agent's cursor past it, in one transaction."""
+    # The cursor update comes first: a write-first transaction takes SQLite's write lock before it reads.
+    db.session.execute(
+        sa.update(ChatAgent)
+        .where(ChatAgent.id == link_id)
+        .values(last_consolidated_message_id=last_message_id)
+        .execution_options(synchronize_session=False)
+    )
+    known = set(db.session.scalars(active_memories(agent_id).with_only_columns(AgentMemory.content_hash)))
+    for kind in MEMORY_TYPES:
+        for content in extracted[kind]:
+            if content_hash_of(content) in known:
+                outcome.duplicates += 1
+                continue
+            known.add(content_hash_of(content))
+            _add_memory(agent_id, chat_id, content, kind)
+            setattr(outcome, kind, getattr(outcome, kind) + 1)
+    db.session.commit()
+
+
+def _add_memory(agent_id: int, chat_id: int, content: str, kind: str) -> None:
+    memory = AgentMemory(agent_id=agent_id, content=content, memory_type=kind)
+    db.session.add(memory)
+    record_change(memory, "memory_create", None, via="consolidation", chat_id=chat_id)

@@ -1,0 +1,160 @@
+"""Spec 002: an agent refines its own core memory under a token budget, in an audited tool loop.
+
+Weekly (Monday 04:00 UTC) for agents that need it, on demand for one agent, and when an agent's core memory
+goes over budget (at most once a day per agent).
+"""
+
+import json
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from flask import current_app
+
+from webapp import llm
+from webapp.extensions import db
+from webapp.llm import LLMError
+from webapp.memory_ledger import dedup_for_agent
+from webapp.models import Agent, AgentMemory, AuditLog
+from webapp.models.memories import active_memories, core_memories
+from webapp.prompts import render
+from webapp.queue import enqueue, recorded_job, redis_connection
+from webapp.timeutil import utcnow
+from webapp.tools.refinement import SCHEMA, VIA, RefinementSession
+
+REFINE_EVERY = timedelta(weeks=1)
+TRIGGER_COOLDOWN_SECONDS = 86_400
+
+
+def agents_due_query(now: datetime) -> sa.Select:
+    """Agents (not paused) not refined for a week, or whose active core memory is over budget: one query."""
+    core_tokens = (
+        active_memories(Agent.id)
+        .where(AgentMemory.memory_type == "core")
+        .with_only_columns(sa.func.coalesce(sa.func.sum(AgentMemory.token_estimate), 0))
+        .scalar_subquery()
+    )
+    stale = sa.or_(Agent.last_refinement_at.is_(None), Agent.last_refinement_at < now - REFINE_EVERY)
+    return (
+        sa.select(Agent.id)
+        .where(Agent.paused.is_(False), sa.or_(stale, core_tokens > Agent.core_token_budget))
+        .order_by(Agent.id)
+    )
+
+
+@recorded_job("refine_finder")
+def refine_due() -> dict[str, int]:
+    """Enqueue a refinement session for each agent that needs one."""
+    agent_ids = db.session.scalars(agents_due_query(utcnow())).all()
+    for agent_id in agent_ids:
+        enqueue(refine_agent, agent_id)
+    db.session.commit()
+    return {"agents": len(agent_ids)}
+
+
+def trigger_if_over_budget(agent: Agent) -> bool:
+    """Enqueue a refinement when the agent's core memory is over budget, at most once a day per agent."""
+    if agent.paused or not agent.needs_refinement():
+        return False
+    key = f"cairn:refinement-triggered:{agent.id}"
+    if not redis_connection().set(key, utcnow().isoformat(), nx=True, ex=TRIGGER_COOLDOWN_SECONDS):
+        return False
+    enqueue(refine_agent, agent.id)
+    return True
+
+
+def _account(agent_id: int, force: bool = False) -> int | None:
+    return db.session.scalar(sa.select(Agent.account_id).where(Agent.id == agent_id))
+
+
+@recorded_job("refine", target=lambda agent_id, force=False: f"agent:{agent_id}", account=_account)
+def refine_agent(agent_id: int, force: bool = False) -> dict[str, Any]:
+    """Dedup, then let the agent refine its core memory with the refinement tool (force: even if not due)."""
+    agent = db.session.get(Agent, agent_id)
+    if agent is None or agent.paused:
+        return {"skipped": "no such agent, or paused"}
+    session_id = str(uuid.uuid4())
+    deduplicated = dedup_for_agent(agent.id, session_id=session_id, via=VIA)
+    memories = db.session.scalars(core_memories(agent.id)).all()
+    if not memories:
+        return {"skipped": "no core memories", "deduplicated": deduplicated}
+    usage, budget = agent.core_token_usage(), agent.core_token_budget
+    recently = agent.last_refinement_at and agent.last_refinement_at > utcnow() - REFINE_EVERY
+    if not force and usage <= budget and recently:
+        return {"skipped": "within budget and refined this week", "deduplicated": deduplicated}
+    session = _start(agent, session_id, usage, budget, deduplicated)
+    prompt = render(
+        "refinement.txt",
+        memories=memories,
+        usage=usage,
+        budget=budget,
+        max_mutations=session.max_mutations,
+        floor_percent=round(session.floor * 100),
+    )
+    _tool_loop(session, prompt)
+    return {"session_id": session_id, "status": session.status, "deduplicated": deduplicated, **session.stats}
+
+
+def _start(agent: Agent, session_id: str, usage: int, budget: int, deduplicated: int) -> RefinementSession:
+    config = current_app.config
+    AuditLog.record(
+        "memory_refinement_start",
+        agent,
+        account_id=agent.account_id,
+        agent_id=agent.id,
+        session_id=session_id,
+        tokens_before=usage,
+        budget=budget,
+        deduplicated=deduplicated,
+    )
+    db.session.commit()
+    return RefinementSession(
+        agent=agent,
+        session_id=session_id,
+        start_tokens=usage,
+        max_mutations=config["REFINEMENT_MAX_MUTATIONS"],
+        floor=config["REFINEMENT_TOKEN_FLOOR"],
+    )
+
+
+def _tool_loop(session: RefinementSession, prompt: str) -> None:
+    """Model turns with the refinement tool until complete, rollback or the turn limit; then close."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
+    model, agent_id = session.agent.model_id, session.agent.id
+    try:
+        for _turn in range(current_app.config["REFINEMENT_MAX_TURNS"]):
+            db.session.commit()  # hold no transaction while the model thinks
+            result = llm.complete(model, messages, purpose="refine", tools=[SCHEMA], agent_id=agent_id)
+            if not result.tool_calls:
+                break
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": result.text or None,
+                    "tool_calls": [c.as_message_part() for c in result.tool_calls],
+                }
+            )
+            for call in result.tool_calls:
+                messages.append(
+                    {"role": "tool", "tool_call_id": call.id, "content": json.dumps(_run(session, call))}
+                )
+            if session.finished:
+                return
+    except LLMError as error:
+        db.session.rollback()
+        session.close("memory_refinement_incomplete", reason=str(error))
+        session.status = "incomplete"
+        raise
+    if not session.finished:
+        session.close("memory_refinement_incomplete", reason="the session ended without calling complete")
+        session.status = "incomplete"
+
+
+def _run(session: RefinementSession, call: llm.ToolCall) -> dict[str, Any]:
+    if call.name != SCHEMA["function"]["name"]:
+        return {"type": "error", "error": f"Unknown tool {call.name!r}; use refine_memory."}
+    try:
+        return session.run(call.parsed_arguments())
+    except ValueError as error:
+        return {"type": "error", "error": f"Invalid arguments: {error}"}

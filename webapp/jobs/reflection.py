@@ -1,0 +1,130 @@
+"""Spec 001: daily, each agent reads its core memories and numbered journal entries of the last 7 days,
+and promotes the entries it chooses to core (the type changes; the content and the count stay)."""
+
+import logging
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from flask import current_app
+
+from webapp import llm
+from webapp.extensions import db
+from webapp.jobs.refinement import trigger_if_over_budget
+from webapp.jsonparse import parse_json_object
+from webapp.memory_ledger import record_change
+from webapp.models import Agent, AgentMemory
+from webapp.models.memories import JOURNAL_WINDOW, active_memories
+from webapp.prompts import render
+from webapp.queue import enqueue, recorded_job
+from webapp.timeutil import utcnow
+
+log = logging.getLogger(__name__)
+
+
+def _fresh_journal(now: datetime) -> sa.ColumnElement[bool]:
+    return sa.and_(AgentMemory.memory_type == "journal", AgentMemory.created_at >= now - JOURNAL_WINDOW)
+
+
+def agents_to_reflect_query(now: datetime) -> sa.Select:
+    """Agents (not paused) with active journal entries of the last 7 days: one query."""
+    has_journal = active_memories(Agent.id).where(_fresh_journal(now)).exists()
+    return sa.select(Agent.id).where(Agent.paused.is_(False), has_journal).order_by(Agent.id)
+
+
+@recorded_job("reflect_finder")
+def reflect_all() -> dict[str, int]:
+    """Enqueue one reflection per agent with something to reflect on."""
+    agent_ids = db.session.scalars(agents_to_reflect_query(utcnow())).all()
+    for agent_id in agent_ids:
+        enqueue(reflect_agent, agent_id)
+    db.session.commit()
+    return {"agents": len(agent_ids)}
+
+
+def _agent_account(agent_id: int) -> int | None:
+    return db.session.scalar(sa.select(Agent.account_id).where(Agent.id == agent_id))
+
+
+@recorded_job("reflect", target=lambda agent_id: f"agent:{agent_id}", account=_agent_account)
+def reflect_agent(agent_id: int) -> dict[str, Any]:
+    """Let one agent choose which of its recent journal entries become core memories."""
+    agent = db.session.get(Agent, agent_id)
+    if agent is None or agent.paused:
+        return {"skipped": 1}
+    now = utcnow()
+    entries = db.session.scalars(
+        active_memories(agent.id).where(_fresh_journal(now)).order_by(AgentMemory.created_at, AgentMemory.id)
+    ).all()
+    if not entries:
+        return {"entries": 0, "promoted": 0}
+    core = db.session.scalars(
+        active_memories(agent.id)
+        .where(AgentMemory.memory_type == "core")
+        .order_by(AgentMemory.created_at)
+        .with_only_columns(AgentMemory.content)
+    ).all()
+    prompt = render("reflection.txt", core_memories=core, journal_entries=entries)
+    numbered = {i: m.id for i, m in enumerate(entries, start=1)}
+    model = agent.model_id
+    db.session.commit()  # no transaction stays open while the model thinks
+    result = llm.complete(
+        model,
+        [{"role": "user", "content": prompt}],
+        purpose="reflect",
+        agent_id=agent_id,
+        response_format={"type": "json_object"} if current_app.config["LLM_JSON_MODE"] else None,
+    )
+    parsed = parse_json_object(result.text)
+    if parsed is None:
+        return {"entries": len(entries), "promoted": 0, "malformed": 1}
+    chosen, ignored = chosen_numbers(parsed.get("promote"), len(entries))
+    promoted = _promote(agent_id, [numbered[n] for n in chosen])
+    return {"entries": len(entries), "promoted": promoted, "ignored": ignored}
+
+
+def chosen_numbers(value: Any, count: int) -> tuple[list[int], int]:
+    """The valid entry numbers (1..count, each once, in order given) and how many others were ignored."""
+    if not isinstance(value, list):
+        return [], 0 if value in (None, []) else 1
+    chosen: list[int] = []
+    for item in value:
+        number = _as_number(item)
+        if number is not None and 1 <= number <= count and number not in chosen:
+            chosen.append(number)
+    return chosen, len(value) - len(chosen)
+
+
+def _as_number(item: Any) -> int | None:
+    if isinstance(item, bool):
+        return None
+    if isinstance(item, int):
+        return item
+    if isinstance(item, str) and item.strip().isdigit():
+        return int(item.strip())
+    return None
+
+
+def _promote(agent_id: int, ids: list[int]) -> int:
+    """Make the chosen entries core (still active journal entries only) and audit each, in one transaction."""
+    if not ids:
+        return 0
+    # Write first: the UPDATE takes SQLite's write lock before anything is read in this transaction.
+    promoted_ids = db.session.scalars(
+        sa.update(AgentMemory)
+        .where(
+            AgentMemory.id.in_(ids), AgentMemory.memory_type == "journal", AgentMemory.deleted_at.is_(None)
+        )
+        .values(memory_type="core", updated_at=utcnow())
+        .returning(AgentMemory.id)
+        .execution_options(synchronize_session=False)
+    ).all()
+    for memory in db.session.scalars(sa.select(AgentMemory).where(AgentMemory.id.in_(promoted_ids))):
+        record_change(
+            memory, "memory_promote", {**memory.snapshot(), "memory_type": "journal"}, via="reflection"
+        )
+    agent = db.session.get(Agent, agent_id)
+    trigger_if_over_budget(agent)
+    db.session.commit()
+    log.info("agent %s promoted %s journal entries to core", agent_id, len(promoted_ids))
+    return len(promoted_ids)

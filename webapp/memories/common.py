@@ -1,0 +1,57 @@
+"""Helpers the memory pages share: the account's rows or a 404, fragments for HTMX, pages of rows."""
+
+from typing import Any
+
+import sqlalchemy as sa
+from flask import Response, abort, flash, redirect, render_template, request
+from flask_login import current_user
+
+from webapp.extensions import db
+from webapp.models import Agent, AgentMemory, AuditLog
+
+PER_PAGE = 50
+
+
+def memory_or_404(memory_id: int) -> AgentMemory:
+    """A memory of one of the signed-in user's agents; anything else is a 404."""
+    memory = db.session.scalar(
+        sa.select(AgentMemory)
+        .join(Agent, Agent.id == AgentMemory.agent_id)
+        .where(AgentMemory.id == memory_id, Agent.account_id == current_user.account_id)
+    )
+    if memory is None:
+        abort(404)
+    return memory
+
+
+def account_audit() -> sa.Select:
+    """Audit rows of the signed-in user's account."""
+    return sa.select(AuditLog).where(AuditLog.account_id == current_user.account_id)
+
+
+def render_page(template: str, fragment: str, target: str, **context: Any) -> Response:
+    """The full page, or only its fragment when HTMX asks to swap that target."""
+    chosen = fragment if request.headers.get("HX-Target") == target else template
+    response = Response(render_template(chosen, **context))
+    response.vary.add("HX-Request")
+    return response
+
+
+def page_number() -> int:
+    return max(request.args.get("page", 1, type=int), 1)
+
+
+def page_of(query: sa.Select, page: int, per_page: int = PER_PAGE) -> tuple[list[Any], bool]:
+    """One page of a query's rows (one SQL statement) and whether another page follows."""
+    found = db.session.execute(query.offset((page - 1) * per_page).limit(per_page + 1)).all()
+    rows = [row[0] if len(row) == 1 else row for row in found]
+    return rows[:per_page], len(found) > per_page
+
+
+def answer(fragment: str, status: int, fallback_url: str, flash_text: str | None, **context: Any):
+    """A fragment for HTMX; a plain form post is sent back to the page with a flash instead."""
+    if request.headers.get("HX-Request"):
+        return render_template(fragment, **context), status
+    if flash_text:
+        flash(flash_text)
+    return redirect(fallback_url, code=303)

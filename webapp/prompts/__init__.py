@@ -1,0 +1,19 @@
+"""Prompt templates live here as files (Jinja, plain text out); `render` is the one way to fill one in."""
+
+from pathlib import Path
+
+from jinja2 import Environment, FileSystemLoader, StrictUndefined
+
+_env = Environment(
+    loader=FileSystemLoader(Path(__file__).parent),
+    autoescape=False,  # prompts are plain text for a model, not HTML
+    undefined=StrictUndefined,  # a missing variable is a bug, not an empty string
+    trim_blocks=True,
+    lstrip_blocks=True,
+    keep_trailing_newline=False,
+)
+
+
+def render(name: str, **variables) -> str:
+    """Fill in the prompt template `name` (a file in this folder) with the given variables."""
+    return _env.get_template(name).render(**variables).strip()

@@ -1,0 +1,111 @@
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import joinedload
+
+from webapp import public_ids
+from webapp.extensions import db
+from webapp.models import Chat, ChatAgent, Message
+from webapp.timeutil import utcnow
+from webapp.tools.base import Tool, ToolContext
+
+DESCRIPTION = (
+    "Borrow recent messages from another conversation you participate in. The messages will be included in "
+    "your system context for your next response in the current conversation. Use the conversation ID from "
+    "your active conversations list."
+)
+BORROWED_MESSAGES = 10
+BORROWED_MESSAGE_CHARS = 2_000
+
+
+def borrow_context(context: ToolContext, conversation_id: str) -> dict[str, Any]:
+    """Stage the last messages of another of the agent's chats for its next activation in this chat."""
+    if context.agent is None or context.chat is None:
+        return {"error": "Requires chat and agent context"}
+    source = _source_chat(context, conversation_id)
+    if source is None:
+        return {"error": "Conversation not found or you are not a participant"}
+    if source.id == context.chat.id:
+        return {"error": "Cannot borrow from the current conversation"}
+    recent = _recent_messages(source)
+    if not recent:
+        return {"error": "No messages found in that conversation"}
+    mine = _membership(context)
+    if mine is None:
+        return {"error": "You are no longer a participant of the current conversation"}
+    mine.borrowed_context_json = {
+        "source_conversation_id": source.public_id,
+        "messages": [{"author": m.author_name, "content": m.excerpt(BORROWED_MESSAGE_CHARS)} for m in recent],
+        # Marks this staging, so a reply clears only the context its own prompt included (DESIGN 5.2).
+        "staged_at": utcnow().isoformat(timespec="microseconds"),
+    }
+    db.session.commit()
+    return {
+        "success": True,
+        "message": f'Context from "{source.title_or_default}" will be included in your system prompt for '
+        "your next response in this conversation.",
+        "message_count": len(recent),
+    }
+
+
+def _source_chat(context: ToolContext, conversation_id: str) -> Chat | None:
+    """The chat behind the opaque id, only if this agent takes part in it, in its own account, not discarded."""
+    # Models often copy the id with the brackets or quotes the prompt shows around it.
+    chat_id = public_ids.decode(conversation_id.strip().strip("[]\"'"))
+    if chat_id is None:
+        return None
+    return db.session.scalar(
+        sa.select(Chat)
+        .join(ChatAgent, ChatAgent.chat_id == Chat.id)
+        .where(
+            Chat.id == chat_id,
+            Chat.account_id == context.agent.account_id,
+            Chat.discarded_at.is_(None),
+            ChatAgent.agent_id == context.agent.id,
+        )
+    )
+
+
+def _recent_messages(chat: Chat) -> list[Message]:
+    """The chat's last finished user and assistant messages, oldest first."""
+    newest_first = db.session.scalars(
+        sa.select(Message)
+        .options(joinedload(Message.user), joinedload(Message.agent))
+        .where(
+            Message.chat_id == chat.id,
+            Message.role.in_(("user", "assistant")),
+            Message.status == "done",
+            Message.content != "",
+        )
+        .order_by(Message.id.desc())
+        .limit(BORROWED_MESSAGES)
+    ).all()
+    return newest_first[::-1]
+
+
+def _membership(context: ToolContext) -> ChatAgent | None:
+    return db.session.scalar(
+        sa.select(ChatAgent).where(
+            ChatAgent.chat_id == context.chat.id, ChatAgent.agent_id == context.agent.id
+        )
+    )
+
+
+TOOL = Tool(
+    name="borrow_context",
+    description=DESCRIPTION,
+    parameters={
+        "type": "object",
+        "properties": {
+            "conversation_id": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": 64,
+                "description": "The conversation ID to borrow context from (from your active conversations list)",
+            }
+        },
+        "required": ["conversation_id"],
+        "additionalProperties": False,
+    },
+    run=borrow_context,
+)

@@ -1,0 +1,257 @@
+"""The refinement tool (spec 002): one polymorphic tool an agent uses on its own core memory during a
+refinement session. It is never in an agent's enabled tools; only the refinement job offers it.
+
+Safety the spec lacks (DESIGN.md 5.4): every audit row carries the session id; at most `max_mutations`
+changes per session; after each change, if core tokens fall below `floor` times the session's starting
+tokens, the whole session is rolled back from its audit rows and the model is told to stop.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from webapp.extensions import db
+from webapp.memory_ledger import record_change, rollback_session
+from webapp.models import Agent, AgentMemory, AuditLog
+from webapp.models.memories import core_memories, like_pattern
+from webapp.timeutil import utcnow
+
+ACTIONS = ("search", "consolidate", "update", "delete", "protect", "complete")
+MUTATIONS = ("consolidate", "update", "delete", "protect")
+VIA = "refinement"
+
+SCHEMA = {
+    "type": "function",
+    "function": {
+        "name": "refine_memory",
+        "description": "Memory refinement tool. Actions: search, consolidate, update, delete, protect, complete.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "action": {
+                    "type": "string",
+                    "description": "search, consolidate, update, delete, protect, or complete",
+                },
+                "query": {"type": "string", "description": "Search query (for search action)"},
+                "ids": {
+                    "type": "string",
+                    "description": "Comma-separated memory IDs (for consolidate, delete)",
+                },
+                "id": {"type": "string", "description": "Single memory ID (for update, delete, protect)"},
+                "content": {"type": "string", "description": "New content (for consolidate, update)"},
+                "summary": {"type": "string", "description": "Refinement summary (for complete)"},
+            },
+            "required": ["action"],
+        },
+    },
+}
+
+
+@dataclass
+class RefinementSession:
+    agent: Agent
+    session_id: str
+    start_tokens: int
+    max_mutations: int
+    floor: float
+    stats: dict[str, int] = field(
+        default_factory=lambda: {"consolidated": 0, "updated": 0, "deleted": 0, "protected": 0}
+    )
+    mutations: int = 0
+    status: str = "running"  # then: complete, rolled_back (or incomplete, set by the job)
+
+    @property
+    def finished(self) -> bool:
+        return self.status != "running"
+
+    def run(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        """Execute one tool call; errors come back as results the model can read."""
+        if self.finished:
+            return _error("The session is over; no more changes are accepted.")
+        action = str(arguments.get("action", ""))
+        if action not in ACTIONS:
+            return _error(f"Invalid action '{action}'")
+        if action in MUTATIONS and self.mutations >= self.max_mutations:
+            return _error(f"This session allows at most {self.max_mutations} changes; call complete now.")
+        params = {k: str(v) for k, v in arguments.items() if k != "action" and v is not None}
+        try:
+            result = getattr(self, f"_{action}")(**params)
+        except (ValueError, TypeError) as error:  # bad parameters or content the model itself rejects
+            db.session.rollback()
+            return _error(str(error))
+        if action in MUTATIONS and result.get("type") != "error":
+            self.mutations += 1
+            return self._check_floor() or result
+        return result
+
+    def _search(self, query: str = "", **_: str) -> dict[str, Any]:
+        if not query.strip():
+            return _param_error("search", "query")
+        found = db.session.scalars(
+            core_memories(self.agent.id).where(
+                AgentMemory.content.ilike(like_pattern(query.strip()), escape="\\")
+            )
+        ).all()
+        return {
+            "type": "search_results",
+            "query": query,
+            "count": len(found),
+            "results": [_summary(m) for m in found],
+        }
+
+    def _consolidate(self, ids: str = "", content: str = "", **_: str) -> dict[str, Any]:
+        if not ids.strip():
+            return _param_error("consolidate", "ids")
+        if not content.strip():
+            return _param_error("consolidate", "content")
+        memories = self._memories(_ids(ids))
+        protected = [m.id for m in memories if m.constitutional]
+        if protected:
+            return _error(f"Cannot consolidate constitutional memories: {', '.join(map(str, protected))}")
+        if not memories:
+            return _error("No matching memories found")
+        merged = AgentMemory(
+            agent=self.agent,
+            content=content,
+            memory_type="core",
+            created_at=min(m.created_at for m in memories),
+        )
+        db.session.add(merged)
+        record_change(
+            merged, "memory_refinement_consolidate_create", None, via=VIA, session_id=self.session_id
+        )
+        for memory in memories:
+            before = memory.snapshot()
+            memory.soft_delete()
+            record_change(
+                memory,
+                "memory_refinement_consolidate",
+                before,
+                via=VIA,
+                session_id=self.session_id,
+                merged_into=merged.id,
+            )
+        db.session.commit()
+        self.stats["consolidated"] += len(memories)
+        return {
+            "type": "consolidated",
+            "merged_count": len(memories),
+            "new_id": merged.id,
+            "new_content": merged.content,
+        }
+
+    def _update(self, id: str = "", content: str = "", **_: str) -> dict[str, Any]:
+        if not id.strip():
+            return _param_error("update", "id")
+        if not content.strip():
+            return _param_error("update", "content")
+        memory = next(iter(self._memories(_ids(id))), None)
+        if memory is None:
+            return _error(f"Memory #{id} not found")
+        before = memory.snapshot()
+        memory.content = content
+        record_change(memory, "memory_refinement_update", before, via=VIA, session_id=self.session_id)
+        db.session.commit()
+        self.stats["updated"] += 1
+        return {"type": "updated", "id": memory.id, "content": memory.content}
+
+    def _delete(self, id: str = "", ids: str = "", **_: str) -> dict[str, Any]:
+        wanted = _ids(ids) if ids.strip() else _ids(id) if id.strip() else None
+        if wanted is None:
+            return _param_error("delete", "id or ids")
+        memories = self._memories(wanted)
+        protected = [m.id for m in memories if m.constitutional]
+        if protected:
+            return _error(f"Cannot delete constitutional memories: {', '.join(map(str, protected))}")
+        for memory in memories:
+            before = memory.snapshot()
+            memory.soft_delete()
+            record_change(memory, "memory_refinement_delete", before, via=VIA, session_id=self.session_id)
+        db.session.commit()
+        self.stats["deleted"] += len(memories)
+        return {"type": "deleted", "count": len(memories)}
+
+    def _protect(self, id: str = "", **_: str) -> dict[str, Any]:
+        if not id.strip():
+            return _param_error("protect", "id")
+        memory = next(iter(self._memories(_ids(id))), None)
+        if memory is None:
+            return _error(f"Memory #{id} not found")
+        before = memory.snapshot()
+        memory.constitutional = True
+        record_change(memory, "memory_refinement_protect", before, via=VIA, session_id=self.session_id)
+        db.session.commit()
+        self.stats["protected"] += 1
+        return {"type": "protected", "id": memory.id, "content": memory.content}
+
+    def _complete(self, summary: str = "", **_: str) -> dict[str, Any]:
+        if not summary.strip():
+            return _param_error("complete", "summary")
+        note = AgentMemory(
+            agent=self.agent, content=f"Refinement session: {summary.strip()}"[:10_000], memory_type="journal"
+        )
+        db.session.add(note)
+        record_change(note, "memory_create", None, via=VIA, session_id=self.session_id)
+        self.close("memory_refinement_complete", summary=summary.strip())
+        self.status = "complete"
+        return {"type": "refinement_complete", "summary": summary.strip(), "stats": self.stats}
+
+    def close(self, action: str, **data: Any) -> None:
+        """Write the session's closing audit row (with stats and token figures) and stamp the agent."""
+        self.agent.last_refinement_at = utcnow()
+        tokens_after = self.agent.core_token_usage()
+        AuditLog.record(
+            action,
+            self.agent,
+            account_id=self.agent.account_id,
+            agent_id=self.agent.id,
+            session_id=self.session_id,
+            stats=self.stats,
+            mutations=self.mutations,
+            tokens_before=self.start_tokens,
+            tokens_after=tokens_after,
+            **data,
+        )
+        db.session.commit()
+
+    def _check_floor(self) -> dict[str, Any] | None:
+        """Roll the whole session back if core memory fell below the floor; None when it is fine."""
+        usage = self.agent.core_token_usage()
+        if usage >= self.floor * self.start_tokens:
+            return None
+        restored = rollback_session(self.session_id, user_id=None, via=VIA)
+        self.close(
+            "memory_refinement_rolled_back", reason=f"core memory fell to {usage} tokens", restored=restored
+        )
+        self.status = "rolled_back"
+        return _error(
+            f"Core memory fell to {usage} tokens, below {self.floor:.0%} of the {self.start_tokens} it started "
+            "with. The whole session has been rolled back. Stop now."
+        )
+
+    def _memories(self, ids: list[int]) -> list[AgentMemory]:
+        return list(db.session.scalars(core_memories(self.agent.id).where(AgentMemory.id.in_(ids))))
+
+
+def _ids(text: str) -> list[int]:
+    ids = [part.strip().lstrip("#") for part in text.split(",") if part.strip()]
+    if not all(part.isdigit() for part in ids):
+        raise ValueError(f"ids must be memory numbers separated by commas, not {text!r}")
+    return [int(part) for part in ids]
+
+
+def _summary(memory: AgentMemory) -> dict[str, Any]:
+    return {
+        "id": memory.id,
+        "content": memory.content,
+        "created_at": memory.created_at.isoformat(),
+        "tokens": memory.token_estimate,
+        "constitutional": memory.constitutional,
+    }
+
+
+def _error(message: str) -> dict[str, Any]:
+    return {"type": "error", "error": message, "allowed_actions": list(ACTIONS)}
+
+
+def _param_error(action: str, param: str) -> dict[str, Any]:
+    return _error(f"{param} is required for {action}")
