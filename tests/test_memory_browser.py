@@ -106,7 +106,14 @@ def test_refine_now_shows_its_status_live(page, live_server, ada, worker_process
     memory = factories.memory(ada, "Dana likes tea and biscuits in the afternoon, every single day.")
     fake_llm.reply(
         tool_calls=[
-            ("refine_memory", {"action": "update", "id": str(memory.id), "content": "Dana likes tea."})
+            (
+                "refine_memory",
+                {
+                    "action": "update",
+                    "id": str(memory.id),
+                    "content": "Dana likes tea and biscuits every afternoon.",
+                },
+            )
         ]
     )
     fake_llm.reply(
@@ -123,4 +130,6 @@ def test_refine_now_shows_its_status_live(page, live_server, ada, worker_process
     expect(status).to_contain_text("Tightened the tea memory.")
     expect(status).to_contain_text("updated 1")
     page.reload()
-    expect(page.locator(f"#memory-{memory.id} .content")).to_have_text("Dana likes tea.")
+    expect(page.locator(f"#memory-{memory.id} .content")).to_have_text(
+        "Dana likes tea and biscuits every afternoon."
+    )

@@ -10,7 +10,7 @@ from tests import factories
 from tests.querycount import count_queries
 from webapp import schedule
 from webapp.extensions import db
-from webapp.models import AgentMemory, AuditLog, JobRun
+from webapp.models import AgentMemory, AuditLog
 from webapp.queue import rq_queue
 from webapp.timeutil import utcnow
 

@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from tests import factories
 from webapp.extensions import db
 from webapp.jobs.refinement import agents_due_query, refine_agent, refine_due, trigger_if_over_budget
-from webapp.memory_ledger import dedup_for_agent, rollback_session, undo, UndoConflict
+from webapp.memory_ledger import UndoConflict, dedup_for_agent, rollback_session, undo
 from webapp.models import AgentMemory, AuditLog, JobRun
 from webapp.models.memories import ConstitutionalMemoryError, active_memories, like_pattern
 from webapp.prompt import build_messages

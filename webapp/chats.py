@@ -27,8 +27,8 @@ from webapp import events
 from webapp.auth import owned_or_404
 from webapp.extensions import db
 from webapp.jobs.replies import request_replies, retry_reply
-from webapp.jobs.summaries import request_summaries
-from webapp.models import Agent, Chat, ChatAgent, Message
+from webapp.jobs.followups import after_new_message
+from webapp.models import Agent, AuditLog, Chat, ChatAgent, Message
 from webapp.models.chats import other_conversations
 from webapp.timeutil import utcnow
 
@@ -36,6 +36,7 @@ bp = Blueprint("chats", __name__, url_prefix="/chats")
 
 STUCK_AFTER = timedelta(minutes=10)  # a reply this long unfinished lost its worker; offer a retry
 STREAM_SECONDS = 300  # browsers reconnect after this, so no connection lives forever
+MEMORY_DOC_MAX_CHARS = 100_000
 
 
 class ChatForm(FlaskForm):
@@ -220,7 +221,7 @@ def send(chat_id: int):
     posted = chat.add_message(role="user", content=content, user=current_user, status="done")
     asked = chat.agents if not chat.manual_responses else chat.mentioned_agents(content)
     replies = request_replies(chat, [a for a in asked if not a.paused])
-    request_summaries(chat)
+    after_new_message(chat)
     db.session.commit()
     return render_template(
         "chats/_sent.html",
@@ -302,6 +303,29 @@ def add_agent(chat_id: int):
     chat.add_message(role="system", content=f"{agent.name} joined the conversation.", status="done")
     db.session.commit()
     return redirect(url_for("chats.show", chat_id=chat.id), code=303)
+
+
+@bp.route("/<int:chat_id>/memory-doc", methods=["GET", "POST"])
+@login_required
+def memory_doc(chat_id: int):
+    """The chat's conversation summary (spec 004): read it; admins edit it, and each edit is audited."""
+    chat = owned_or_404(Chat, chat_id)
+    if request.method == "GET":
+        editing = bool(request.args.get("edit")) and current_user.is_admin
+        return render_template("chats/_memory_doc.html", chat=chat, editing=editing)
+    if not current_user.is_admin:
+        abort(403)
+    text = request.form.get("memory_doc", "").strip()
+    if len(text) > MEMORY_DOC_MAX_CHARS:
+        error = f"The summary has {len(text):,} characters; the limit is {MEMORY_DOC_MAX_CHARS:,}."
+        return render_template("chats/_memory_doc.html", chat=chat, editing=True, error=error), 422
+    AuditLog.record(
+        "chat_memory_doc_update", chat, account_id=chat.account_id, user_id=current_user.id,
+        before={"memory_doc": chat.memory_doc}, after={"memory_doc": text}, via="admin",
+    )  # fmt: skip
+    chat.memory_doc = text
+    db.session.commit()
+    return render_template("chats/_memory_doc.html", chat=chat, editing=False)
 
 
 @bp.post("/<int:chat_id>/discard")

@@ -69,6 +69,10 @@ def load(instance_path: str) -> dict:
         "COMPACTION_THRESHOLD": _int("COMPACTION_THRESHOLD", 100),
         "COMPACTION_KEEP_RECENT": _int("COMPACTION_KEEP_RECENT", 20),
         "COMPACTION_MODEL_ID": os.environ.get("COMPACTION_MODEL_ID", ""),  # empty: the chat's first agent's
+        "COMPACTION_MAX_INPUT_TOKENS": _int("COMPACTION_MAX_INPUT_TOKENS", 50_000),  # per summary request
+        "MEMORY_DOC_PROMPT_TOKENS": _int(
+            "MEMORY_DOC_PROMPT_TOKENS", 2_000
+        ),  # newest summary sections in a prompt
         # Spec 002 with DESIGN.md 5.4: the limits of one refinement session.
         "REFINEMENT_MAX_MUTATIONS": _int("REFINEMENT_MAX_MUTATIONS", 10),
         "REFINEMENT_MAX_TURNS": _int("REFINEMENT_MAX_TURNS", 12),

@@ -1,7 +1,8 @@
 """Prompt assembly: the one function that builds the messages for an agent's activation (DESIGN.md section 4).
 
-Stable text first so providers can cache the prefix: the agent's system prompt, then the transcript, then the
-volatile context (memory, other conversations, borrowed context, time, participants) at the end.
+Stable text first so providers can cache the prefix: the agent's system prompt, the chat's summary of its
+compacted history, then the transcript after the cut, then the volatile context (memory, other conversations,
+borrowed context, time, participants) at the end.
 """
 
 from dataclasses import dataclass
@@ -50,10 +51,32 @@ def build_prompt(chat: Chat, agent: Agent, *, before_message_id: int | None = No
         context.insert(0, TRUNCATION_NOTE)
     messages = [
         {"role": "system", "content": agent.identity()},
+        *_conversation_so_far(chat),
         *transcript,
         {"role": "system", "content": "\n\n".join(part for part in context if part)},
     ]
     return Prompt(messages, borrowed if borrowed_section else None)
+
+
+def _conversation_so_far(chat: Chat) -> list[dict[str, str]]:
+    """Spec 004: the summary of the history before the cut; it changes only when a compaction runs.
+
+    The summary grows by a section per compaction, so only its newest sections within a token budget go in.
+    """
+    doc = chat.memory_doc.strip()
+    if not doc:
+        return []
+    sections = doc.split("\n\n## ")
+    budget, kept, used = current_app.config["MEMORY_DOC_PROMPT_TOKENS"], [], 0
+    for section in reversed(sections):
+        used += count_tokens(section)
+        if used > budget and kept:
+            break
+        kept.append(section)
+    text = "\n\n## ".join(reversed(kept))
+    if len(kept) < len(sections):
+        text = f"(Older parts of this summary are left out.)\n\n## {text}"
+    return [{"role": "system", "content": f"# Conversation so far\n\n{text}"}]
 
 
 def _transcript(chat: Chat, agent: Agent, before_message_id: int | None) -> tuple[list[dict[str, str]], bool]:
@@ -68,6 +91,8 @@ def _transcript(chat: Chat, agent: Agent, before_message_id: int | None) -> tupl
     )
     if before_message_id is not None:
         query = query.where(Message.id < before_message_id)
+    if chat.compacted_through_message_id:
+        query = query.where(Message.id > chat.compacted_through_message_id)
     newest_first = list(db.session.scalars(query))
     budget = chat.transcript_token_budget or current_app.config["TRANSCRIPT_TOKEN_BUDGET"]
     kept: list[dict[str, str]] = []

@@ -13,6 +13,7 @@ from webapp.extensions import db
 from webapp.models import Chat, Message
 from webapp.prompts import render
 from webapp.queue import enqueue, recorded_job, redis_connection
+from webapp.tokens import count_tokens
 
 ENQUEUE_COOLDOWN_SECONDS = 600  # one pending compaction per chat is enough
 
@@ -69,8 +70,10 @@ def compact_chat(chat_id: int) -> dict[str, Any]:
     ).all()
     if len(messages) <= threshold:
         return {"skipped": "under the threshold", "messages": len(messages)}
-    old = messages[:-keep_recent] if keep_recent else messages
-    transcript = "\n".join(f"{m.author_name}: {m.content}" for m in old)
+    lines = [f"{m.author_name}: {m.content}" for m in (messages[:-keep_recent] if keep_recent else messages)]
+    lines = _oldest_within(lines, current_app.config["COMPACTION_MAX_INPUT_TOKENS"])
+    old = messages[: len(lines)]
+    transcript = "\n".join(lines)
     model, old_cut = _model_for(chat), chat.compacted_through_message_id
     last_id, heading = old[-1].id, f"## Through {old[-1].created_at:%Y-%m-%d %H:%M} UTC"
     db.session.commit()  # hold no transaction while the model thinks
@@ -84,7 +87,20 @@ def compact_chat(chat_id: int) -> dict[str, Any]:
     if not summary:
         raise llm.LLMError("The model returned an empty summary.", retryable=True)
     moved = _append_summary(chat_id, old_cut, last_id, f"{heading}\n\n{summary}")
+    if moved:  # a long backlog is summarized a batch at a time
+        compact_if_needed(db.session.get(Chat, chat_id))
+        db.session.commit()
     return {"summarized": len(old) if moved else 0, "kept": len(messages) - len(old), "raced": int(not moved)}
+
+
+def _oldest_within(lines: list[str], max_tokens: int) -> list[str]:
+    """The oldest lines that fit max_tokens (at least one), so no summary request outgrows a context window."""
+    used = 0
+    for count, line in enumerate(lines):
+        used += count_tokens(line)
+        if used > max_tokens and count:
+            return lines[:count]
+    return lines
 
 
 def _model_for(chat: Chat) -> str:

@@ -7,7 +7,7 @@ from rq import get_current_job
 
 from webapp import events, llm
 from webapp.extensions import db
-from webapp.jobs.summaries import request_summaries
+from webapp.jobs.followups import after_new_message
 from webapp.llm import LLMError
 from webapp.models import Agent, Chat, Message
 from webapp.prompt import build_prompt
@@ -75,12 +75,12 @@ def generate_reply(message: Message) -> None:
 
 
 def _after_success(message: Message, borrowed_context: dict[str, Any] | None) -> None:
-    """Clear the borrowed context this prompt included and queue stale summaries, with the finished reply."""
+    """Clear the borrowed context this prompt included and queue the follow-up jobs, with the finished reply."""
     # Only what the prompt included: context the agent staged during this reply is for its next one.
     mine = next((ca for ca in message.chat.chat_agents if ca.agent_id == message.agent_id), None)
     if mine is not None:
         mine.clear_borrowed_context(borrowed_context)
-    request_summaries(message.chat)
+    after_new_message(message.chat)
 
 
 def _unfinished(message: Message, reason: str, will_retry: bool) -> None:

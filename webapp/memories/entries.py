@@ -150,10 +150,12 @@ class Entry:
         if data.get("reason"):
             lines.append(f"Reason: {data['reason']}")
         if data.get("stats"):
-            lines.append(", ".join(f"{k} {v}" for k, v in data["stats"].items()))
+            lines.append(", ".join(f"{k} {v}" for k, v in data["stats"].items() if v) or "no changes")
         if "tokens_before" in data:
             after = f" → {data['tokens_after']:,}" if "tokens_after" in data else ""
             lines.append(f"Core tokens {data['tokens_before']:,}{after}")
+        if "restored" in data:
+            lines.append(f"Restored {data['restored']} change{'' if data['restored'] == 1 else 's'}")
         if data.get("undo_of"):
             lines.append(f"Undoes change #{data['undo_of']}")
         if data.get("merged_into"):

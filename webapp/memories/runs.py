@@ -1,8 +1,9 @@
 """Run now: refinement, reflection or consolidation of one agent, its status followed live from job_runs.
 
-A click enqueues through webapp.queue (after commit, like every job) and notes the newest job_runs id. A run
-of this kind for this agent's target with a higher id is the one the click started: "queued" until its row
-appears, then its status. Ids, not clocks, so a worker on another host with a skewed clock cannot confuse it.
+A click enqueues through webapp.queue (after commit, like every job) and notes the account's newest job_runs
+id. A run of this kind for this agent's target with a higher id is the one the click started: "queued" until
+its row appears, then its status. Ids, not clocks, so a worker on a host with a skewed clock cannot confuse it,
+and webapp.queue needs no RQ job ids.
 """
 
 from dataclasses import dataclass, field
@@ -127,7 +128,8 @@ def _kind_or_404(kind: str) -> str:
 def run_now(agent_id: int, kind: str):
     """Enqueue refinement (forced), reflection, or consolidation of the agent's group chats, now."""
     agent, kind = owned_or_404(Agent, agent_id), _kind_or_404(kind)
-    after = db.session.scalar(sa.select(sa.func.coalesce(sa.func.max(JobRun.id), 0)))
+    newest = sa.func.coalesce(sa.func.max(JobRun.id), 0)
+    after = db.session.scalar(sa.select(newest).where(JobRun.account_id == current_user.account_id))
     progress = Progress(kind, after, _targets(kind, agent))
     if agent.paused:
         progress.message = f"{agent.name} is paused; unpause the agent to run its memory jobs."
