@@ -26,8 +26,8 @@ from wtforms.validators import DataRequired, Length, ValidationError
 from webapp import events
 from webapp.auth import owned_or_404
 from webapp.extensions import db
-from webapp.jobs.replies import request_replies, retry_reply
 from webapp.jobs.followups import after_new_message
+from webapp.jobs.replies import request_replies, retry_reply
 from webapp.models import Agent, AuditLog, Chat, ChatAgent, Message
 from webapp.models.chats import other_conversations
 from webapp.timeutil import utcnow
