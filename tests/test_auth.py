@@ -3,8 +3,6 @@
 import pytest
 
 from tests import factories
-from tests.conftest import _settings
-from webapp import create_app
 
 
 def test_pages_need_a_signed_in_user(client):
@@ -53,36 +51,23 @@ def test_members_chat_but_cannot_manage_agents(client, auth, member):
     )
 
 
-def test_forms_and_htmx_requests_need_the_csrf_token(migrated_database, tmp_path, fake_llm):
-    from tests.conftest import _database_for_test
-    from webapp.extensions import db
+def test_forms_and_htmx_requests_need_the_csrf_token(app, client):
+    app.config["WTF_CSRF_ENABLED"] = True  # the other tests switch it off
+    user = factories.user(factories.account())
+    assert (
+        client.post("/login", data={"email": user.email, "password": factories.PASSWORD}).status_code == 400
+    )
 
-    settings = {
-        **_settings(_database_for_test(migrated_database, tmp_path), fake_llm.base_url),
-        "WTF_CSRF_ENABLED": True,
-    }
-    app = create_app(settings)
-    with app.app_context():
-        user = factories.user(factories.account())
-        client = app.test_client()
-        assert (
-            client.post("/login", data={"email": user.email, "password": factories.PASSWORD}).status_code
-            == 400
-        )
+    token = client.get("/login").text.split('name="csrf_token" type="hidden" value="')[1].split('"')[0]
+    signed_in = client.post(
+        "/login", data={"email": user.email, "password": factories.PASSWORD, "csrf_token": token}
+    )
+    assert signed_in.status_code == 303
 
-        page = client.get("/login").text
-        token = page.split('name="csrf_token" type="hidden" value="')[1].split('"')[0]
-        signed_in = client.post(
-            "/login", data={"email": user.email, "password": factories.PASSWORD, "csrf_token": token}
-        )
-        assert signed_in.status_code == 303
-
-        chat = factories.chat(user.account, [factories.agent(user.account)])
-        assert client.post(f"/chats/{chat.id}/rename", data={"title": "x"}).status_code == 400
-        header_token = client.get(f"/chats/{chat.id}").text.split('"X-CSRFToken": "')[1].split('"')[0]
-        renamed = client.post(
-            f"/chats/{chat.id}/rename", data={"title": "x"}, headers={"X-CSRFToken": header_token}
-        )
-        assert renamed.status_code == 200
-        db.session.remove()
-        db.engine.dispose()
+    chat = factories.chat(user.account, [factories.agent(user.account)])
+    assert client.post(f"/chats/{chat.id}/rename", data={"title": "x"}).status_code == 400
+    header_token = client.get(f"/chats/{chat.id}").text.split('"X-CSRFToken": "')[1].split('"')[0]
+    renamed = client.post(
+        f"/chats/{chat.id}/rename", data={"title": "x"}, headers={"X-CSRFToken": header_token}
+    )
+    assert renamed.status_code == 200

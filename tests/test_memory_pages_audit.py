@@ -11,7 +11,7 @@ from tests import factories
 from tests.querycount import count_queries
 from webapp.extensions import db
 from webapp.jobs.refinement import refine_agent
-from webapp.memory_ledger import record_change
+from webapp.memory_ledger import dedup_for_agent, record_change
 from webapp.models import AgentMemory, AuditLog
 from webapp.timeutil import utcnow
 
@@ -278,6 +278,19 @@ def test_a_session_the_circuit_breaker_rolled_back_is_not_rolled_back_again(
         "Roll back this session</button>" not in page and "already rolled back by the circuit breaker" in page
     )
     assert refused.status_code == 422 and "already rolled back" in refused.text
+
+
+def test_a_session_that_only_deduplicated_can_be_rolled_back(client, signed_in, ada):
+    kept = factories.memory(ada, "Dana likes tea")
+    twin = factories.memory(ada, "dana likes tea")
+    dedup_for_agent(ada.id, session_id="s-dedup", via="refinement")
+
+    page = client.get("/admin/sessions/s-dedup").text
+    rolled = client.post("/admin/sessions/s-dedup/rollback", headers=HTMX)
+
+    assert '<span class="status dedup-only">dedup only</span>' in page and "removed as a duplicate" in page
+    assert rolled.status_code == 200 and "Rolled back: 1 change undone." in rolled.text
+    assert db.session.get(AgentMemory, twin.id).deleted_at is None and kept.deleted_at is None
 
 
 def test_a_running_session_is_not_rolled_back(client, signed_in, ada):

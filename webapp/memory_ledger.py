@@ -77,6 +77,8 @@ def rollback_session(session_id: str, *, user_id: int | None, via: str) -> int:
     restored = 0
     for row in session_rows(session_id):
         memory = db.session.get(AgentMemory, row.auditable_id)
+        if memory is None:  # memories are never hard-deleted by Cairn; nothing to restore if one was
+            continue
         before = memory.snapshot()
         memory.apply_snapshot(row.data.get("before") or _gone(row.data["after"]))
         record_change(

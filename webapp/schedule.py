@@ -31,7 +31,6 @@ SCHEDULES = [
 
 
 def scheduler() -> Scheduler:
-    _use_utc()
     return Scheduler(queue=rq_queue(), connection=redis_connection(), interval=10)
 
 
@@ -44,6 +43,7 @@ def _use_utc() -> None:
 
 def sync() -> list[Schedule]:
     """Make rq-scheduler hold exactly SCHEDULES: replace ours, drop ones no longer listed."""
+    _use_utc()
     sched = scheduler()
     for job in sched.get_jobs():
         if job.id.startswith(ID_PREFIX):

@@ -73,7 +73,7 @@ def schedule_run() -> None:
     from webapp.queue import wait_for_redis
 
     wait_for_redis()
-    schedule.sync()
+    schedule.sync()  # also puts this process on UTC, so cron strings mean UTC when the scheduler reschedules
     schedule.scheduler().run()
 
 
@@ -126,7 +126,7 @@ def demo_seed() -> None:
                 name=name,
                 system_prompt=prompt,
                 model_id=current_app.config["DEFAULT_MODEL_ID"],
-                enabled_tools=["save_memory"],
+                enabled_tools=["save_memory", "borrow_context"],
             )
         )
     db.session.commit()

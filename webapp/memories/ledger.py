@@ -141,11 +141,10 @@ def _ledger_context(agent: Agent) -> dict[str, Any]:
     show = show if show in FILTERS else "active"
     q = request.args.get("q", "").strip()[:200]
     page, now = page_number(), utcnow()
-    memories, has_more = page_of(_listed(agent.id, show, q, now), page)
-    return dict(agent=agent, memories=memories, has_more=has_more, show=show, q=q, page=page, now=now) | {
-        "counts": _counts(agent.id, now),
-        "filters": FILTERS,
-    }
+    context = dict(agent=agent, show=show, q=q, page=page, now=now, filters=FILTERS)
+    context["memories"], context["has_more"] = page_of(_listed(agent.id, show, q, now), page)
+    context["counts"] = _counts(agent.id, now)
+    return context
 
 
 def _full_context(agent: Agent, form: AddForm) -> dict[str, Any]:

@@ -52,6 +52,8 @@ class Session:
             return "rolled back"
         if self.closing:
             return self.closing.action.removeprefix("memory_refinement_")
+        if self.start is None:  # refine_agent deduplicated, then found nothing to refine
+            return "dedup only"
         if self.started_at and self.started_at < utcnow() - UNFINISHED_AFTER:
             return "unfinished"
         return "running"
