@@ -93,6 +93,11 @@ def run_migrations_online():
     connectable = get_engine()
 
     with connectable.connect() as connection:
+        if connection.dialect.name == "sqlite":
+            # Batch migrations rebuild a table (copy, drop, rename); with foreign keys enforced, dropping a
+            # table that others reference fails. SQLite ignores this pragma inside a transaction: set it first.
+            connection.exec_driver_sql("PRAGMA foreign_keys=OFF")
+            connection.commit()
         context.configure(connection=connection, target_metadata=get_metadata(), **conf_args)
 
         with context.begin_transaction():

@@ -58,9 +58,27 @@ def test_check_passes_with_reachable_services(tmp_path, fake_llm):
     assert "ok    LLM_BASE_URL" in result.stdout
 
 
+def _empty_database(tmp_path) -> str:
+    """A database of its own for migration tests: a new SQLite file, or an emptied PostgreSQL scratch database."""
+    if not POSTGRES_URL:
+        return f"sqlite:///{tmp_path}/scratch.db"
+    server = sa.create_engine(POSTGRES_URL.rsplit("/", 1)[0] + "/postgres", isolation_level="AUTOCOMMIT")
+    with server.connect() as conn:
+        if not conn.execute(
+            sa.text("SELECT 1 FROM pg_database WHERE datname = 'cairn_test_scratch'")
+        ).scalar():
+            conn.execute(sa.text("CREATE DATABASE cairn_test_scratch"))
+    server.dispose()
+    url = POSTGRES_URL.rsplit("/", 1)[0] + "/cairn_test_scratch"
+    scratch = sa.create_engine(url)
+    with scratch.begin() as conn:
+        conn.execute(sa.text("DROP SCHEMA public CASCADE; CREATE SCHEMA public"))
+    scratch.dispose()
+    return url
+
+
 def test_migrations_build_the_models_schema_with_no_drift(tmp_path):
-    url = POSTGRES_URL or f"sqlite:///{tmp_path}/fresh.db"
-    env = {"DATABASE_URL": url}
+    env = {"DATABASE_URL": _empty_database(tmp_path)}
 
     assert flask("db", "upgrade", env=env).returncode == 0
     result = flask("db", "check", env=env)
@@ -110,3 +128,36 @@ def test_demo_seed_creates_an_admin_and_two_agents_once(app, runner):
     agents = db.session.scalars(sa.select(Agent)).all()
     assert [a.name for a in agents] == ["Ada", "Basil"]
     assert all(a.model_id == app.config["DEFAULT_MODEL_ID"] for a in agents)
+
+
+def test_upgrading_a_database_with_data_keeps_it(tmp_path):
+    """Each migration runs on a database already in use, not only on an empty one."""
+    url = _empty_database(tmp_path)
+    env = {"DATABASE_URL": url}
+    first = flask("db", "upgrade", "4c5d6a37cc4d", env=env)
+    assert first.returncode == 0, first.stderr
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text("INSERT INTO accounts (id, name, created_at) VALUES (1, 'A', CURRENT_TIMESTAMP)")
+        )
+        conn.execute(
+            sa.text(
+                "INSERT INTO job_runs (id, job_type, args, status, started_at, counts) "
+                "VALUES (1, 'ping', '[]', 'done', CURRENT_TIMESTAMP, '{}')"
+            )
+        )
+        conn.execute(
+            sa.text(
+                "INSERT INTO llm_calls (purpose, job_run_id, model, prompt_tokens, completion_tokens, latency_ms, "
+                "status, created_at) VALUES ('reply', 1, 'm', 1, 1, 1, 'ok', CURRENT_TIMESTAMP)"
+            )
+        )
+
+    result = flask("db", "upgrade", env=env)
+
+    assert result.returncode == 0, result.stderr
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM llm_calls WHERE job_run_id = 1")).scalar() == 1
+        assert conn.execute(sa.text("SELECT account_id FROM job_runs")).scalar() is None
+    engine.dispose()
