@@ -71,3 +71,11 @@ def test_forms_and_htmx_requests_need_the_csrf_token(app, client):
         f"/chats/{chat.id}/rename", data={"title": "x"}, headers={"X-CSRFToken": header_token}
     )
     assert renamed.status_code == 200
+
+
+def test_sign_in_never_redirects_off_site_by_backslash(client, admin):
+    response = client.post(
+        "/login?next=/\\evil.example", data={"email": admin.email, "password": factories.PASSWORD}
+    )
+
+    assert response.headers["Location"] == "/chats/"

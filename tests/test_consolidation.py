@@ -334,3 +334,26 @@ def test_paused_agents_are_left_out(group_chat, ada, basil, fake_llm):
     consolidate_chat(group_chat.id)
 
     assert [r["model"] for r in fake_llm.requests] == ["ada-model"]
+
+
+def test_a_second_run_that_read_the_same_cursor_saves_nothing(group_chat, ada, fake_llm):
+    from webapp.jobs.consolidation import AgentOutcome, CursorMoved, _save_chunk
+
+    link_id = db.session.scalar(sa.select(ChatAgent.id).where(ChatAgent.agent_id == ada.id))
+    through = max(m.id for m in group_chat_messages(group_chat))
+    extracted = {"journal": ["a paraphrase the hash check would miss"], "core": []}
+    _save_chunk(link_id, ada.id, group_chat.id, extracted, None, through, AgentOutcome("Ada"))
+
+    with pytest.raises(CursorMoved):  # the other run also started from no cursor
+        _save_chunk(
+            link_id,
+            ada.id,
+            group_chat.id,
+            {"journal": ["another paraphrase"], "core": []},
+            None,
+            through,
+            AgentOutcome("Ada"),
+        )
+
+    assert _memories(ada) == [("journal", "a paraphrase the hash check would miss")]
+    assert _cursor(group_chat, ada) == through

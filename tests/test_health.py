@@ -37,3 +37,15 @@ def test_an_unreachable_llm_is_named(app, client):
 
     assert llm["ok"] is False
     assert url in llm["detail"]
+
+
+def test_credentials_never_appear_in_the_health_report(app, client):
+    from tests.conftest import free_port
+    from webapp.queue import init_app
+
+    app.config["REDIS_URL"] = f"redis://:s3cret@127.0.0.1:{free_port()}/0"
+    init_app(app)
+
+    body = client.get("/healthz").text
+
+    assert "s3cret" not in body and "redis://:***@127.0.0.1" in body

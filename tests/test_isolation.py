@@ -66,3 +66,14 @@ def test_unknown_ids_are_not_found(client, auth, admin, acme_rows):
     assert client.get(f"/chats/{acme_rows['chat']}/messages/999999").status_code == 404
     assert client.post(f"/chats/{acme_rows['chat']}/messages/999999/retry").status_code == 404
     assert client.get("/agents/999999/edit").status_code == 404
+
+
+def test_out_of_range_numbers_are_a_clear_client_error(client, auth, admin, acme_rows):
+    auth.login(admin)
+    agent = acme_rows["agent"]
+
+    assert client.get("/chats/99999999999999999999999").status_code == 404
+    assert client.get(f"/admin/agents/{agent}/memories?page=99999999999999999999").status_code == 200
+    assert client.get("/admin/audit?until=9999-12-31").status_code in (200, 400)
+    assert client.get("/admin/audit?agent=%C2%B2").status_code == 200
+    assert client.get("/admin/jobs?day=9999-12-31").status_code in (200, 400)

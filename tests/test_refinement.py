@@ -446,3 +446,38 @@ def test_refinement_output_json_is_a_tool_result(app, agent, fake_llm):
     tool_message = fake_llm.requests[1]["messages"][-1]
     assert tool_message["role"] == "tool"
     assert json.loads(tool_message["content"])["results"][0]["id"] == memory.id
+
+
+def test_a_session_that_changed_memory_is_not_retried_with_fresh_limits(app, agent, fake_llm):
+    from webapp.llm import LLMError
+
+    memory = factories.memory(agent, "a fairly long memory about the garden and the roses in it")
+    fake_llm.reply(tool_calls=[_call("update", id=str(memory.id), content="garden and roses in it")])
+    fake_llm.fail(503, "busy")
+
+    with pytest.raises(LLMError) as raised:
+        refine_agent(agent.id)
+
+    assert raised.value.retryable is False and "already changed memory" in str(raised.value)
+
+
+def test_one_session_per_agent_at_a_time(app, agent, fake_llm, fake_redis):
+    factories.memory(agent, "something")
+    fake_redis.set(f"cairn:refining:{agent.id}", "another session")
+
+    assert refine_agent(agent.id, force=True) == {
+        "skipped": "another refinement session of this agent is running"
+    }
+    assert fake_llm.requests == []
+
+
+def test_rolling_back_a_session_refuses_when_a_memory_changed_since(agent):
+    memory = factories.memory(agent, "first draft")
+    _session(agent, floor=0).run({"action": "update", "id": str(memory.id), "content": "second draft"})
+    memory.constitutional = True  # an admin protected it after the session
+    db.session.commit()
+
+    with pytest.raises(UndoConflict):
+        rollback_session("s-1", user_id=None, via="test")
+    db.session.rollback()
+    assert db.session.get(AgentMemory, memory.id).content == "second draft"

@@ -260,3 +260,36 @@ def test_streamed_text_is_published_for_the_chat_page(app, fake_llm, chat, ada, 
         ("final", ""),
     ]
     assert {e["message_id"] for e in published} == {reply.id}
+
+
+def test_a_reply_another_worker_is_generating_is_not_generated_twice(app, fake_llm, chat, ada, fake_redis):
+    [reply] = _pending(chat, ada)
+    fake_redis.set(f"cairn:replying:{reply.id}", "another worker")
+
+    assert respond([reply.id]) == {"replies": 0}
+    assert fake_llm.requests == [] and _fresh(reply).status == "pending"
+
+
+def test_an_unexpected_error_fails_that_reply_and_the_others_still_answer(
+    app, fake_llm, admin, ada, monkeypatch
+):
+    from webapp.jobs import replies
+
+    basil = factories.agent(admin.account, "Basil")
+    chat = factories.chat(admin.account, [ada, basil])
+    first, second = _pending(chat, ada, basil)
+    real_build = replies.build_prompt
+
+    def broken_for_ada(chat_row, agent, **kwargs):
+        if agent.name == "Ada":
+            raise RuntimeError("a bug")
+        return real_build(chat_row, agent, **kwargs)
+
+    monkeypatch.setattr(replies, "build_prompt", broken_for_ada)
+    fake_llm.reply("Basil answers.")
+
+    with pytest.raises(ReplyFailed):
+        respond([first.id, second.id])
+
+    assert (_fresh(first).status, _fresh(second).status) == ("failed", "done")
+    assert "internal error" in _fresh(first).error

@@ -5,6 +5,7 @@ from pathlib import Path
 
 from dotenv import load_dotenv
 from flask import Flask, redirect, url_for
+from werkzeug.routing import IntegerConverter
 
 from webapp import config
 from webapp.extensions import csrf, db, login_manager, migrate
@@ -15,6 +16,7 @@ def create_app(test_config: dict | None = None) -> Flask:
     """Build the app: defaults, then the environment, then test_config. Never touches the database."""
     load_dotenv()
     app = Flask(__name__, instance_path=os.environ.get("INSTANCE_PATH"), instance_relative_config=True)
+    app.url_map.converters["int"] = DatabaseIdConverter
     app.config.from_mapping(config.load(app.instance_path))
     if test_config:
         app.config.from_mapping(test_config)
@@ -38,5 +40,18 @@ def create_app(test_config: dict | None = None) -> Flask:
     app.add_url_rule("/", "home", lambda: redirect(url_for("chats.index")))
     app.jinja_env.filters["markdown"] = render_markdown
     app.jinja_env.globals["now_utc"] = utcnow
+    app.register_error_handler(OverflowError, _out_of_range)
     register_cli(app)
     return app
+
+
+class DatabaseIdConverter(IntegerConverter):
+    """<int:...> in URLs matches only ids a database column can hold (larger ones are a plain 404)."""
+
+    def __init__(self, url_map, *args, **kwargs):
+        kwargs.setdefault("max", 2**31 - 1)
+        super().__init__(url_map, *args, **kwargs)
+
+
+def _out_of_range(_error: OverflowError):
+    return "A number or date in the request is out of range.", 400

@@ -53,8 +53,10 @@ def logout():
 
 def _safe_next(target: str | None) -> str:
     """Only redirect to a path on this site after sign-in."""
-    if target and not urlsplit(target).netloc and not urlsplit(target).scheme and target.startswith("/"):
-        return target
+    # Browsers read "\\" as "/", so "/\\evil.example" would leave the site like "//evil.example".
+    if target and target.startswith("/") and not target.startswith("//") and "\\" not in target:
+        if not urlsplit(target).netloc and not urlsplit(target).scheme:
+            return target
     return url_for("chats.index")
 
 

@@ -1,6 +1,7 @@
 """GET /healthz: the state of every component, and the checks `flask check` runs at start-up."""
 
 from dataclasses import asdict, dataclass
+from urllib.parse import urlsplit, urlunsplit
 
 import sqlalchemy as sa
 from flask import Blueprint, current_app, jsonify
@@ -30,13 +31,27 @@ def check_database() -> Check:
     return Check(True, url)
 
 
+def _without_password(url: str) -> str:
+    """The URL as it may be shown to anyone: any password replaced by ***."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
 def check_redis() -> Check:
-    url = current_app.config["REDIS_URL"]
+    url = _without_password(current_app.config["REDIS_URL"])
     try:
         redis_connection().ping()
     except Exception as e:  # redis-py raises several families (connection, timeout, auth, OS errors)
-        return Check(False, f"cannot reach {url}: {e}")
+        return Check(False, f"cannot reach {url}: {_without_secret(str(e))}")
     return Check(True, url)
+
+
+def _without_secret(text: str) -> str:
+    password = urlsplit(current_app.config["REDIS_URL"]).password
+    return text.replace(password, "***") if password else text
 
 
 def check_workers() -> Check:
@@ -56,7 +71,7 @@ def check_scheduler() -> Check:
 
 
 def check_llm() -> Check:
-    url = current_app.config["LLM_BASE_URL"]
+    url = _without_password(current_app.config["LLM_BASE_URL"])
     client = current_app.extensions["llm_client"].with_options(timeout=3)
     try:
         models = [m.id for m in client.models.list()]

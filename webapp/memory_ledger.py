@@ -73,12 +73,16 @@ def session_rows(session_id: str) -> list[AuditLog]:
 
 
 def rollback_session(session_id: str, *, user_id: int | None, via: str) -> int:
-    """Undo every memory change of a session, newest first, restoring content, type, flags and deletion."""
+    """Undo every memory change of a session, newest first, restoring content, type, flags and deletion.
+
+    Refuses (UndoConflict, nothing flushed is kept by the caller) when a memory changed after the session."""
     restored = 0
     for row in session_rows(session_id):
         memory = db.session.get(AgentMemory, row.auditable_id)
         if memory is None:  # memories are never hard-deleted by Cairn; nothing to restore if one was
             continue
+        if memory.snapshot() != row.data["after"]:
+            raise UndoConflict(f"Memory #{memory.id} has changed since this session; undo that change first.")
         before = memory.snapshot()
         memory.apply_snapshot(row.data.get("before") or _gone(row.data["after"]))
         record_change(

@@ -75,12 +75,16 @@ def compact_chat(chat_id: int) -> dict[str, Any]:
     old = messages[: len(lines)]
     transcript = "\n".join(lines)
     model, old_cut = _model_for(chat), chat.compacted_through_message_id
+    agent_id = (
+        chat.agents[0].id if chat.agents else None
+    )  # whose model it is by default; the ledger is per agent
     last_id, heading = old[-1].id, f"## Through {old[-1].created_at:%Y-%m-%d %H:%M} UTC"
     db.session.commit()  # hold no transaction while the model thinks
     result = llm.complete(
         model,
         [{"role": "system", "content": render("compaction.txt")}, {"role": "user", "content": transcript}],
         purpose="compact",
+        agent_id=agent_id,
         chat_id=chat_id,
     )
     summary = result.text.strip()

@@ -156,7 +156,8 @@ def _consolidate_for_agent(link_id: int, through_id: int) -> AgentOutcome:
     link = db.session.get(ChatAgent, link_id)
     agent = link.agent
     outcome = AgentOutcome(agent_name=agent.name)
-    messages = _transcript_lines(link.chat_id, link.last_consolidated_message_id or 0, through_id)
+    cursor = link.last_consolidated_message_id
+    messages = _transcript_lines(link.chat_id, cursor or 0, through_id)
     core = list(
         db.session.scalars(
             active_memories(agent.id)
@@ -188,7 +189,12 @@ def _consolidate_for_agent(link_id: int, through_id: int) -> AgentOutcome:
             log.warning("extraction failed for agent %s in chat %s: %s", agent_id, chat_id, error)
             return outcome
         extracted = _parse_extraction(result.text, outcome)
-        _save_chunk(link_id, agent_id, chat_id, extracted, chunk[-1][0], outcome)
+        try:
+            _save_chunk(link_id, agent_id, chat_id, extracted, cursor, chunk[-1][0], outcome)
+        except CursorMoved:
+            log.info("consolidation of chat %s for agent %s was done by another run", chat_id, agent_id)
+            return outcome
+        cursor = chunk[-1][0]
         core += extracted["core"]  # the next chunk sees the core memories this one added
         outcome.chunks += 1
     return outcome
@@ -248,22 +254,36 @@ def _usable(values: Any) -> list[str]:
     return [t for t in texts if 1 <= len(t) <= MAX_CONTENT_CHARS]
 
 
+class CursorMoved(Exception):
+    """Another run of the same chat moved this agent's cursor; this run stops for the agent."""
+
+
+def _cursor_is(message_id: int | None) -> sa.ColumnElement[bool]:
+    column = ChatAgent.last_consolidated_message_id
+    return column.is_(None) if message_id is None else column == message_id
+
+
 def _save_chunk(
     link_id: int,
     agent_id: int,
     chat_id: int,
     extracted: dict[str, list[str]],
+    from_message_id: int | None,
     last_message_id: int,
     outcome: AgentOutcome,
 ) -> None:
     """Add the chunk's new memories and move the agent's cursor past it, in one transaction."""
     # The cursor update comes first: a write-first transaction takes SQLite's write lock before it reads.
-    db.session.execute(
+    # It moves only from where this run found it, so a second run of the same chat cannot save twice.
+    moved = db.session.execute(
         sa.update(ChatAgent)
-        .where(ChatAgent.id == link_id)
+        .where(ChatAgent.id == link_id, _cursor_is(from_message_id))
         .values(last_consolidated_message_id=last_message_id)
         .execution_options(synchronize_session=False)
-    )
+    ).rowcount
+    if not moved:
+        db.session.rollback()
+        raise CursorMoved(f"another run consolidated this chat for agent {agent_id} first")
     known = set(db.session.scalars(active_memories(agent_id).with_only_columns(AgentMemory.content_hash)))
     for kind in MEMORY_TYPES:
         for content in extracted[kind]:

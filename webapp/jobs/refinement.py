@@ -25,6 +25,7 @@ from webapp.tools.refinement import SCHEMA, VIA, RefinementSession
 
 REFINE_EVERY = timedelta(weeks=1)
 TRIGGER_COOLDOWN_SECONDS = 86_400
+SESSION_LOCK_SECONDS = 3_600
 
 
 def agents_due_query(now: datetime) -> sa.Select:
@@ -74,6 +75,18 @@ def refine_agent(agent_id: int, force: bool = False) -> dict[str, Any]:
     agent = db.session.get(Agent, agent_id)
     if agent is None or agent.paused:
         return {"skipped": "no such agent, or paused"}
+    # One session per agent at a time: two sessions would each get the full mutation cap and floor.
+    key, token = f"cairn:refining:{agent_id}", uuid.uuid4().hex
+    if not redis_connection().set(key, token, nx=True, ex=SESSION_LOCK_SECONDS):
+        return {"skipped": "another refinement session of this agent is running"}
+    try:
+        return _refine(agent, force)
+    finally:
+        if redis_connection().get(key) == token.encode():
+            redis_connection().delete(key)
+
+
+def _refine(agent: Agent, force: bool) -> dict[str, Any]:
     session_id = str(uuid.uuid4())
     deduplicated = dedup_for_agent(agent.id, session_id=session_id, via=VIA)
     memories = db.session.scalars(core_memories(agent.id)).all()
@@ -145,6 +158,10 @@ def _tool_loop(session: RefinementSession, prompt: str) -> None:
         db.session.rollback()
         session.close("memory_refinement_incomplete", reason=str(error))
         session.status = "incomplete"
+        if session.mutations:  # a retry would start a fresh session with a fresh cap and a lower floor
+            raise LLMError(
+                f"{error} (not retried: the session had already changed memory)", retryable=False
+            ) from error
         raise
     if not session.finished:
         session.close("memory_refinement_incomplete", reason="the session ended without calling complete")

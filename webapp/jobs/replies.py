@@ -1,5 +1,7 @@
 """Agent replies: a tool loop against the agent's own model, streamed to the chat page as it is generated."""
 
+import logging
+import uuid
 from typing import Any
 
 from flask import current_app
@@ -11,8 +13,11 @@ from webapp.jobs.followups import after_new_message
 from webapp.llm import LLMError
 from webapp.models import Agent, Chat, Message
 from webapp.prompt import build_prompt
-from webapp.queue import enqueue, recorded_job
+from webapp.queue import enqueue, recorded_job, redis_connection
 from webapp.tools import ToolContext, run_tool_call, schemas_for
+
+log = logging.getLogger(__name__)
+REPLY_CLAIM_SECONDS = 1_800  # longer than any reply takes; a killed worker's claim expires
 
 
 class ReplyFailed(Exception):
@@ -36,6 +41,9 @@ def respond(message_ids: list[int]) -> dict[str, int]:
         message = db.session.get(Message, message_id)
         if message is None or message.status == "done":
             continue  # already answered by an earlier attempt of this job
+        claim = _claim(message_id)
+        if claim is None:
+            continue  # another worker is generating this reply right now (a retry of a slow one)
         try:
             generate_reply(message)
             answered += 1
@@ -43,9 +51,26 @@ def respond(message_ids: list[int]) -> dict[str, int]:
             if error.retryable and _retries_left() > 0:
                 raise  # RQ retries the job with backoff; finished replies are skipped then
             failed.append(message_id)
+        except Exception:  # generate_reply has marked the reply failed; the next agents still answer
+            log.exception("reply %s failed", message_id)
+            failed.append(message_id)
+        finally:
+            _release(message_id, claim)
     if failed:
         raise ReplyFailed(f"replies failed: {', '.join(map(str, failed))}")
     return {"replies": answered}
+
+
+def _claim(message_id: int) -> str | None:
+    token = uuid.uuid4().hex
+    claimed = redis_connection().set(f"cairn:replying:{message_id}", token, nx=True, ex=REPLY_CLAIM_SECONDS)
+    return token if claimed else None
+
+
+def _release(message_id: int, token: str) -> None:
+    key = f"cairn:replying:{message_id}"
+    if redis_connection().get(key) == token.encode():
+        redis_connection().delete(key)
 
 
 def generate_reply(message: Message) -> None:
@@ -143,6 +168,7 @@ def request_replies(chat: Chat, agents: list[Agent]) -> list[Message]:
 
 
 def retry_reply(message: Message) -> None:
-    """Put a failed (or stuck) reply back in the queue."""
+    """Put a failed (or stuck) reply back in the queue; a stuck reply's claim died with its worker."""
     message.status, message.error = "pending", None
+    redis_connection().delete(f"cairn:replying:{message.id}")
     enqueue(respond, [message.id])

@@ -98,7 +98,9 @@ def _generate(chat_agent: ChatAgent, recent: list[Message]) -> str:
         {"role": "user", "content": render("generate_agent_summary/user.txt", **variables)},
     ]
     model = current_app.config["SUMMARY_MODEL_ID"] or agent.model_id
-    result = llm.complete(model, messages, purpose="summarize", agent_id=agent.id, chat_id=chat.id)
+    agent_id, chat_id = agent.id, chat.id
+    db.session.commit()  # hold no transaction while the model thinks
+    result = llm.complete(model, messages, purpose="summarize", agent_id=agent_id, chat_id=chat_id)
     return result.text
 
 

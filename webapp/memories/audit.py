@@ -28,7 +28,7 @@ def _filters() -> dict[str, str]:
     """The valid filters in the query string: agent id, action, session id, first and last day (UTC)."""
     raw = {key: request.args.get(key, "").strip() for key in FILTER_KEYS}
     valid = {
-        "agent": raw["agent"].isdigit(),
+        "agent": raw["agent"].isdecimal() and raw["agent"].isascii() and len(raw["agent"]) < 10,
         "action": raw["action"] in LABELS,
         "session": 0 < len(raw["session"]) <= 36,
         "since": _day(raw["since"]) is not None,

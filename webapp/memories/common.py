@@ -10,6 +10,7 @@ from webapp.extensions import db
 from webapp.models import Agent, AgentMemory, AuditLog
 
 PER_PAGE = 50
+MAX_PAGE = 10_000  # deeper pages are not a reading use; the cap keeps OFFSET within range
 
 
 def memory_or_404(memory_id: int) -> AgentMemory:
@@ -38,7 +39,7 @@ def render_page(template: str, fragment: str, target: str, **context: Any) -> Re
 
 
 def page_number() -> int:
-    return max(request.args.get("page", 1, type=int), 1)
+    return min(max(request.args.get("page", 1, type=int), 1), MAX_PAGE)
 
 
 def page_of(query: sa.Select, page: int, per_page: int = PER_PAGE) -> tuple[list[Any], bool]:

@@ -14,7 +14,7 @@ from webapp.memories import bp
 from webapp.memories.common import account_audit, answer, page_number, page_of, render_page
 from webapp.memories.entries import Entry, build_entries, entry_query
 from webapp.memories.runs import CLOSING
-from webapp.memory_ledger import rollback_session
+from webapp.memory_ledger import UndoConflict, rollback_session
 from webapp.models import Agent, AuditLog, User
 from webapp.timeutil import utcnow
 
@@ -155,7 +155,11 @@ def rollback(session_id: str):
     refusal = context["session"].refusal()
     if refusal:
         return answer("memories/_session.html", 422, url, refusal, **context, error=refusal)
-    restored = rollback_session(session_id, user_id=current_user.id, via="admin")
+    try:
+        restored = rollback_session(session_id, user_id=current_user.id, via="admin")
+    except UndoConflict as conflict:
+        db.session.rollback()
+        return answer("memories/_session.html", 422, url, str(conflict), **context, error=str(conflict))
     agent = context["agent"]
     AuditLog.record(
         ROLLED_BACK,

@@ -3,7 +3,7 @@ from typing import Any
 from webapp.extensions import db
 from webapp.memory_ledger import record_change
 from webapp.models import AgentMemory
-from webapp.models.memories import JOURNAL_WINDOW, MAX_CONTENT_CHARS
+from webapp.models.memories import JOURNAL_WINDOW, MAX_CONTENT_CHARS, active_memories, content_hash_of
 from webapp.timeutil import utcnow
 from webapp.tools.base import Tool, ToolContext
 
@@ -21,6 +21,11 @@ def save_memory(context: ToolContext, content: str, memory_type: str) -> dict[st
         return {"error": "content must not be empty."}
     from webapp.jobs.refinement import trigger_if_over_budget
 
+    existing = db.session.scalar(
+        active_memories(context.agent.id).where(AgentMemory.content_hash == content_hash_of(content)).limit(1)
+    )
+    if existing is not None:  # e.g. a retried reply running the same call again
+        return {"saved": False, "memory_id": existing.id, "note": "You already remember exactly this."}
     memory = AgentMemory(agent=context.agent, content=content, memory_type=memory_type)
     db.session.add(memory)
     record_change(memory, "memory_create", None, via="save_memory", chat_id=context.chat.id)
