@@ -7,7 +7,7 @@ import pytest
 from playwright.sync_api import expect
 
 from tests import factories
-from tests.test_browser import ARTIFACTS, browser, page  # noqa: F401  (fixtures)
+from tests.conftest import ARTIFACTS
 from webapp.extensions import db
 from webapp.timeutil import utcnow
 
