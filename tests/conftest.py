@@ -83,6 +83,11 @@ def app(migrated_database, tmp_path, fake_llm, fake_redis):
     app = create_app(_settings(_database_for_test(migrated_database, tmp_path), fake_llm.base_url))
     app.extensions["redis"] = fake_redis
     app.extensions["rq_queue"] = Queue(app.config["RQ_QUEUE"], connection=fake_redis)
+    yield from _in_context(app)
+
+
+def _in_context(app):
+    """Run the test inside the app's context; afterwards leave the database empty for the next test."""
     with app.app_context():
         yield app
         db.session.remove()
@@ -128,6 +133,12 @@ class Auth:
 @pytest.fixture
 def auth(client):
     return Auth(client)
+
+
+@pytest.fixture
+def signed_in(auth, admin):
+    """The Acme admin, signed in."""
+    return auth.login(admin)
 
 
 @pytest.fixture
@@ -185,13 +196,7 @@ def live_app(migrated_database, tmp_path, redis_server, fake_llm):
     """An app wired to the real redis-server, sharing its database with worker processes."""
     settings = {**_settings(_database_for_test(migrated_database, tmp_path), fake_llm.base_url)}
     settings["REDIS_URL"] = redis_server
-    app = create_app(settings)
-    with app.app_context():
-        yield app
-        db.session.remove()
-        if POSTGRES_URL:
-            _truncate_all()
-        db.engine.dispose()
+    yield from _in_context(create_app(settings))
 
 
 def worker_env(app) -> dict[str, str]:

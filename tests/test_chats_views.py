@@ -21,11 +21,6 @@ def basil(admin):
     return factories.agent(admin.account, "Basil")
 
 
-@pytest.fixture
-def signed_in(auth, admin):
-    return auth.login(admin)
-
-
 def _queued_message_ids() -> list[list[int]]:
     """The message ids of the queued reply jobs (summary jobs, spec 003, are queued alongside)."""
     return [job.args[0] for job in rq_queue().get_jobs() if job.func_name.endswith(".respond")]

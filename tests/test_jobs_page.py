@@ -17,11 +17,6 @@ HTMX = {"HX-Request": "true"}
 
 
 @pytest.fixture
-def signed_in(auth, admin):
-    return auth.login(admin)
-
-
-@pytest.fixture
 def ada(admin):
     return factories.agent(admin.account, "Ada")
 

@@ -1,7 +1,5 @@
 """The cost ledger for admins: tokens and dollars by day, agent, purpose and model; recent job runs."""
 
-import importlib
-import pkgutil
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -30,9 +28,7 @@ DEFAULT_WINDOW = 30
 RUNS_PER_PAGE = 50
 CHART = {"width": 960, "height": 260, "left": 56, "right": 10, "top": 12, "bottom": 26}
 
-# Job modules register their type in JOB_TYPES when imported; the web process must know every one to re-run it.
-for _module in pkgutil.iter_modules(webapp.jobs.__path__):
-    importlib.import_module(f"{webapp.jobs.__name__}.{_module.name}")
+webapp.jobs.load_all()  # the web process must know every job type to re-run one
 
 
 class CalendarDay(FunctionElement):

@@ -104,9 +104,8 @@ class RefinementSession:
         if not content.strip():
             return _param_error("consolidate", "content")
         memories = self._memories(_ids(ids))
-        protected = [m.id for m in memories if m.constitutional]
-        if protected:
-            return _error(f"Cannot consolidate constitutional memories: {', '.join(map(str, protected))}")
+        if refusal := _constitutional_refusal("consolidate", memories):
+            return refusal
         if not memories:
             return _error("No matching memories found")
         merged = AgentMemory(
@@ -159,9 +158,8 @@ class RefinementSession:
         if wanted is None:
             return _param_error("delete", "id or ids")
         memories = self._memories(wanted)
-        protected = [m.id for m in memories if m.constitutional]
-        if protected:
-            return _error(f"Cannot delete constitutional memories: {', '.join(map(str, protected))}")
+        if refusal := _constitutional_refusal("delete", memories):
+            return refusal
         for memory in memories:
             before = memory.snapshot()
             memory.soft_delete()
@@ -230,6 +228,14 @@ class RefinementSession:
 
     def _memories(self, ids: list[int]) -> list[AgentMemory]:
         return list(db.session.scalars(core_memories(self.agent.id).where(AgentMemory.id.in_(ids))))
+
+
+def _constitutional_refusal(verb: str, memories: list[AgentMemory]) -> dict[str, Any] | None:
+    """The error result when any of the memories is constitutional (they cannot be deleted or merged)."""
+    protected = [m.id for m in memories if m.constitutional]
+    if not protected:
+        return None
+    return _error(f"Cannot {verb} constitutional memories: {', '.join(map(str, protected))}")
 
 
 def _ids(text: str) -> list[int]:
