@@ -18,6 +18,9 @@ if [ "$("$python" -c 'import importlib.metadata as m; print(m.version("llama-cpp
   && [ -f "$("$python" -c 'import sys; print(sys.prefix)')/.llama-portable-$version" ]; then
   exit 0
 fi
+mkdir -p "$cache"
+exec 9>"$cache/.lock"
+flock 9  # one build at a time; a second install waits for the first one's wheel
 if ! ls "$dir"/llama_cpp_python-"$version"-*.whl >/dev/null 2>&1; then
   echo "Building llama-cpp-python $version for any x86-64/arm64 CPU ($flags); this takes a few minutes once." >&2
   mkdir -p "$dir.tmp"
