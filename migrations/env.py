@@ -43,6 +43,12 @@ target_db = current_app.extensions["migrate"].db
 # ... etc.
 
 
+def include_object(obj, name, type_, reflected, compare_to):
+    """Full-text search lives outside the models (SQLite FTS5 tables, PostgreSQL tsvector columns and their
+    GIN indexes): migrations make it by hand, so autogenerate neither adds nor drops it."""
+    return not (name and ("_fts" in name or "search_vector" in name))
+
+
 def get_metadata():
     if hasattr(target_db, "metadatas"):
         return target_db.metadatas[None]
@@ -89,6 +95,7 @@ def run_migrations_online():
     conf_args = current_app.extensions["migrate"].configure_args
     if conf_args.get("process_revision_directives") is None:
         conf_args["process_revision_directives"] = process_revision_directives
+    conf_args.setdefault("include_object", include_object)
 
     connectable = get_engine()
 

@@ -342,7 +342,7 @@ def test_a_second_run_that_read_the_same_cursor_saves_nothing(group_chat, ada, f
     link_id = db.session.scalar(sa.select(ChatAgent.id).where(ChatAgent.agent_id == ada.id))
     through = max(m.id for m in group_chat_messages(group_chat))
     extracted = {"journal": ["a paraphrase the hash check would miss"], "core": []}
-    _save_chunk(link_id, ada.id, group_chat.id, extracted, None, through, AgentOutcome("Ada"))
+    _save_chunk(link_id, ada.id, group_chat.id, extracted, None, (1, through), AgentOutcome("Ada"))
 
     with pytest.raises(CursorMoved):  # the other run also started from no cursor
         _save_chunk(
@@ -351,7 +351,7 @@ def test_a_second_run_that_read_the_same_cursor_saves_nothing(group_chat, ada, f
             group_chat.id,
             {"journal": ["another paraphrase"], "core": []},
             None,
-            through,
+            (1, through),
             AgentOutcome("Ada"),
         )
 

@@ -30,6 +30,7 @@ def _session(agent, **limits) -> RefinementSession:
         start_tokens=agent.core_token_usage(),
         max_mutations=limits.get("max_mutations", 10),
         floor=limits.get("floor", 0.5),
+        page_tokens=limits.get("page_tokens", 4000),
     )
 
 

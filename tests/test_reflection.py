@@ -88,7 +88,7 @@ def test_an_empty_promotion_list_is_normal(agent, journal, fake_llm):
 def test_malformed_json_promotes_nothing(agent, journal, fake_llm):
     fake_llm.reply("This is not valid JSON")
 
-    assert reflect_agent(agent.id) == {"entries": 3, "promoted": 0, "malformed": 1}
+    assert reflect_agent(agent.id) == {"entries": 3, "promoted": 0, "ignored": 0, "malformed": 1}
     assert _count(agent, "core") == 0
 
 

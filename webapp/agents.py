@@ -5,11 +5,12 @@ from flask import Blueprint, current_app, redirect, render_template, url_for
 from flask_login import current_user
 from flask_wtf import FlaskForm
 from wtforms import BooleanField, IntegerField, SelectMultipleField, StringField, TextAreaField, widgets
-from wtforms.validators import DataRequired, Length, NumberRange, Regexp, ValidationError
+from wtforms.validators import DataRequired, Length, NumberRange, Optional, Regexp, ValidationError
 
 from webapp.auth import admin_required, owned_or_404
 from webapp.extensions import db
 from webapp.models import Agent
+from webapp.models.agents import DEFAULT_TOOLS
 from webapp.tools import REGISTRY
 
 bp = Blueprint("agents", __name__, url_prefix="/agents")
@@ -31,6 +32,10 @@ class AgentForm(FlaskForm):
     )
     core_token_budget = IntegerField(
         "Core memory budget (tokens)", validators=[NumberRange(min=100, max=200_000)]
+    )
+    memory_token_budget = IntegerField(
+        "Memory in each prompt (tokens; empty: the MEMORY_TOKEN_BUDGET setting)",
+        validators=[Optional(), NumberRange(min=100, max=200_000)],
     )
     paused = BooleanField("Paused (answers nothing, runs no memory jobs)")
 
@@ -67,7 +72,8 @@ def index():
 @admin_required
 def new():
     """Create an agent."""
-    form = AgentForm(data={"model_id": current_app.config["DEFAULT_MODEL_ID"], "core_token_budget": 5000})
+    defaults = {"model_id": current_app.config["DEFAULT_MODEL_ID"], "core_token_budget": 5000}
+    form = AgentForm(data={**defaults, "enabled_tools": list(DEFAULT_TOOLS)})
     if form.validate_on_submit():
         agent = Agent(account_id=current_user.account_id)
         _save(form, agent)
@@ -93,6 +99,7 @@ def _save(form: AgentForm, agent: Agent) -> None:
     agent.model_id = form.model_id.data.strip()
     agent.enabled_tools = [name for name in form.enabled_tools.data if name in REGISTRY]
     agent.core_token_budget = form.core_token_budget.data
+    agent.memory_token_budget = form.memory_token_budget.data
     agent.paused = form.paused.data
     db.session.add(agent)
     db.session.commit()

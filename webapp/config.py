@@ -81,6 +81,13 @@ def load(instance_path: str) -> dict:
         "REPLY_MAX_TOOL_TURNS": _int("REPLY_MAX_TOOL_TURNS", 5),
         "TRANSCRIPT_TOKEN_BUDGET": _int("TRANSCRIPT_TOKEN_BUDGET", 6000),
         "TRANSCRIPT_MAX_MESSAGES": _int("TRANSCRIPT_MAX_MESSAGES", 200),
+        # The memory section of a prompt (reply, extraction, reflection, refinement pages), unless an agent
+        # sets its own; the whole input of one reply request, checked before every call of its tool loop;
+        # what one recall may bring back.
+        "MEMORY_TOKEN_BUDGET": _int("MEMORY_TOKEN_BUDGET", 4000),
+        "PROMPT_TOKEN_BUDGET": _int("PROMPT_TOKEN_BUDGET", 24_000),
+        "RECALL_TOKEN_BUDGET": _int("RECALL_TOKEN_BUDGET", 1200),
+        "RECALL_MAX_RESULTS": _int("RECALL_MAX_RESULTS", 8),
         # Spec 003: the model that writes each agent's conversation summaries (empty: the agent's own model),
         # and how often the chat page's cross-conversation panel refreshes.
         "SUMMARY_MODEL_ID": os.environ.get("SUMMARY_MODEL_ID", ""),

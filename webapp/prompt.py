@@ -5,7 +5,8 @@ compacted history, then the transcript after the cut, then the volatile context 
 borrowed context, time, participants) at the end.
 """
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -13,9 +14,11 @@ import sqlalchemy as sa
 from flask import current_app
 from sqlalchemy.orm import joinedload
 
+from webapp import public_ids
 from webapp.extensions import db
-from webapp.models import Agent, AgentMemory, Chat, ChatAgent, Message, User
-from webapp.models.memories import prompt_memories
+from webapp.llm import LLMError
+from webapp.models import Agent, Chat, ChatAgent, Message, ReplySources, User
+from webapp.models.memories import MemoryWithin, memories_within
 from webapp.prompts import render
 from webapp.timeutil import utcnow
 from webapp.tokens import count_tokens
@@ -23,11 +26,36 @@ from webapp.tokens import count_tokens
 TRUNCATION_NOTE = "(Earlier messages of this conversation are not shown; only the most recent ones fit.)"
 
 
+MESSAGE_OVERHEAD_TOKENS = 4  # what a chat message costs beyond its content (role and separators)
+REMOVED_TOOL_RESULT = json.dumps({"error": "This result was removed: the prompt was over its token budget."})
+
+
+class PromptTooLarge(LLMError):
+    """Even with the transcript and tool results cut, the prompt is over its total input budget."""
+
+    def __init__(self, tokens: int, budget: int):
+        super().__init__(
+            f"The prompt needs {tokens:,} tokens, over the {budget:,} allowed (PROMPT_TOKEN_BUDGET).",
+            retryable=False,
+        )
+
+
+@dataclass
+class Sources:
+    """What went into a prompt, as ids (recorded with the reply as its provenance)."""
+
+    memory_ids: list[int] = field(default_factory=list)
+    conversation_summary: bool = False
+    summary_chat_ids: list[int] = field(default_factory=list)
+    borrowed_chat_id: int | None = None
+
+
 @dataclass
 class Prompt:
     messages: list[dict[str, Any]]
     # The staged borrowed context this prompt included; the reply clears exactly this once it succeeds.
     borrowed_context: dict[str, Any] | None = None
+    sources: Sources = field(default_factory=Sources)
 
 
 def build_messages(chat: Chat, agent: Agent, *, before_message_id: int | None = None) -> list[dict[str, Any]]:
@@ -41,21 +69,116 @@ def build_prompt(chat: Chat, agent: Agent, *, before_message_id: int | None = No
     transcript, truncated = _transcript(chat, agent, before_message_id)
     borrowed = _staged_borrowed_context(chat, agent)
     borrowed_section = _borrowed_section(borrowed)
+    memory = memories_within(agent.id, now, memory_budget(agent))
+    summaries = agent.other_conversation_summaries(exclude_chat_id=chat.id)
     context = [
-        _memory_section(agent, now),
-        _other_conversations_section(chat, agent),
+        memory_section(memory, agent, memory_budget(agent)),
+        _other_conversations_section(summaries, agent),
         borrowed_section,
         _now_section(chat, agent, now),
     ]
     if truncated:
         context.insert(0, TRUNCATION_NOTE)
+    so_far = _conversation_so_far(chat)
     messages = [
         {"role": "system", "content": agent.identity()},
-        *_conversation_so_far(chat),
+        *so_far,
         *transcript,
         {"role": "system", "content": "\n\n".join(part for part in context if part)},
     ]
-    return Prompt(messages, borrowed if borrowed_section else None)
+    sources = Sources(
+        memory_ids=memory.ids,
+        conversation_summary=bool(so_far),
+        summary_chat_ids=[s.chat_id for s in summaries],
+        borrowed_chat_id=public_ids.decode(borrowed["source_conversation_id"]) if borrowed_section else None,
+    )
+    fit_to_budget(messages)
+    return Prompt(messages, borrowed if borrowed_section else None, sources)
+
+
+def memory_budget(agent: Agent) -> int:
+    """The tokens the memory section of a prompt may take: the agent's own setting, or the global one."""
+    return agent.memory_token_budget or current_app.config["MEMORY_TOKEN_BUDGET"]
+
+
+def prompt_tokens(messages: list[dict[str, Any]]) -> int:
+    """The input tokens of a list of chat messages: contents, tool-call arguments and a little per message."""
+    total = 0
+    for message in messages:
+        total += MESSAGE_OVERHEAD_TOKENS + count_tokens(message.get("content") or "")
+        for call in message.get("tool_calls") or []:
+            total += count_tokens(call["function"]["name"]) + count_tokens(call["function"]["arguments"])
+    return total
+
+
+def fit_to_budget(messages: list[dict[str, Any]], budget: int | None = None) -> int:
+    """Bring the messages within the total input budget, in place, before a model call; returns their tokens.
+
+    The oldest transcript messages go first (the newest always stays), then the largest tool results are
+    replaced by a short note. What is left over budget after that raises PromptTooLarge, so no memory,
+    summary, borrowed context or tool result can push a request past the model's window.
+    """
+    budget = budget or current_app.config["PROMPT_TOKEN_BUDGET"]
+    while (used := prompt_tokens(messages)) > budget:
+        if not _drop_oldest_transcript(messages) and not _drop_largest_tool_result(messages):
+            raise PromptTooLarge(used, budget)
+    return used
+
+
+def _drop_oldest_transcript(messages: list[dict[str, Any]]) -> bool:
+    context_at = max(i for i, m in enumerate(messages) if m["role"] == "system")
+    transcript = [i for i in range(context_at) if messages[i]["role"] in ("user", "assistant")]
+    if len(transcript) < 2:
+        return False
+    del messages[transcript[0]]
+    context = messages[context_at - 1]
+    if not context["content"].startswith(TRUNCATION_NOTE):
+        context["content"] = f"{TRUNCATION_NOTE}\n\n{context['content']}"
+    return True
+
+
+def _drop_largest_tool_result(messages: list[dict[str, Any]]) -> bool:
+    results = [m for m in messages if m["role"] == "tool" and m["content"] != REMOVED_TOOL_RESULT]
+    if not results:
+        return False
+    max(results, key=lambda m: len(m["content"]))["content"] = REMOVED_TOOL_RESULT
+    return True
+
+
+def record_sources(message: Message, prompt: Prompt) -> ReplySources:
+    """Record what the finished reply's prompt held, including what the recall tool brought into it."""
+    recalled_memories, recalled_chats = _recalled(prompt.messages)
+    sources = message.sources or ReplySources(message=message)
+    sources.memory_ids = prompt.sources.memory_ids
+    sources.recalled_memory_ids = recalled_memories
+    sources.recalled_chat_ids = recalled_chats
+    sources.conversation_summary = prompt.sources.conversation_summary
+    sources.summary_chat_ids = prompt.sources.summary_chat_ids
+    sources.borrowed_chat_id = prompt.sources.borrowed_chat_id
+    db.session.add(sources)
+    return sources
+
+
+def _recalled(messages: list[dict[str, Any]]) -> tuple[list[int], list[int]]:
+    """The memory ids and chat ids of the recall results still in the messages (the model saw these)."""
+    recall_calls = {
+        call["id"]
+        for message in messages
+        for call in message.get("tool_calls") or []
+        if call["function"]["name"] == "recall"
+    }
+    memory_ids: list[int] = []
+    chat_ids: list[int] = []
+    for message in messages:
+        if message["role"] != "tool" or message.get("tool_call_id") not in recall_calls:
+            continue
+        for hit in json.loads(message["content"]).get("results", []):
+            if "memory_id" in hit and hit["memory_id"] not in memory_ids:
+                memory_ids.append(hit["memory_id"])
+            chat_id = public_ids.decode(hit.get("conversation_id", ""))
+            if chat_id is not None and chat_id not in chat_ids:
+                chat_ids.append(chat_id)
+    return memory_ids, chat_ids
 
 
 def _conversation_so_far(chat: Chat) -> list[dict[str, str]]:
@@ -112,27 +235,18 @@ def _transcript_entry(message: Message, agent: Agent) -> dict[str, str]:
     return {"role": "user", "content": f"{message.author_name}: {message.content}"}
 
 
-def _memory_section(agent: Agent, now: datetime) -> str:
-    memories = list(db.session.scalars(prompt_memories(agent.id, now)))
-    core = [m for m in memories if m.memory_type == "core"]
-    journal = [m for m in memories if m.memory_type == "journal"]
-    if not memories:
-        return "# Your memory\n\nYou have no memories yet."
-    lines = ["# Your memory"]
-    if core:
-        lines += ["", "## Core memories (permanent)", *(f"- {m.content}" for m in core)]
-    if journal:
-        lines += ["", "## Journal (last 7 days)", *(f"- {_date(m)}: {m.content}" for m in journal)]
-    return "\n".join(lines)
+def memory_section(within: MemoryWithin, agent: Agent, budget: int) -> str:
+    """The memory section within its token budget: what did not fit is left out, and the section says so."""
+    can_recall = "recall" in (agent.enabled_tools or [])
+    while count_tokens(text := render("memory.txt", within=within, can_recall=can_recall)) > budget:
+        if not within.core and not within.journal:
+            break  # only the headings and the note are left
+        within.drop_last()  # the running sum estimates; the rendered text is what counts
+    return text
 
 
-def _date(memory: AgentMemory) -> str:
-    return memory.created_at.strftime("%Y-%m-%d")
-
-
-def _other_conversations_section(chat: Chat, agent: Agent) -> str | None:
+def _other_conversations_section(summaries: list[ChatAgent], agent: Agent) -> str | None:
     """Spec 003: the agent's own summaries of its other active chats, under their opaque ids."""
-    summaries = agent.other_conversation_summaries(exclude_chat_id=chat.id)
     if not summaries:
         return None
     return render(

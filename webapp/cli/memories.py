@@ -4,6 +4,7 @@ import click
 import sqlalchemy as sa
 from flask.cli import AppGroup
 
+from webapp import search
 from webapp.extensions import db
 from webapp.models import AgentMemory
 from webapp.queue import enqueue
@@ -104,6 +105,13 @@ def backfill() -> None:
         done += len(batch)
         click.echo(f"backfilled {done}/{total}")
     click.echo(f"Done: {done} memories updated.")
+
+
+@memories_cli.command("reindex")
+def reindex() -> None:
+    """Rebuild the full-text search index (recall, ledger search) of memories and messages from the tables."""
+    for table, rows in search.rebuild().items():
+        click.echo(f"{table}: {rows:,} rows indexed")
 
 
 COMMANDS = [memories_cli]

@@ -22,7 +22,8 @@ from webapp.jsonparse import parse_json_object
 from webapp.llm import LLMError
 from webapp.memory_ledger import record_change
 from webapp.models import AgentMemory, Chat, ChatAgent, Message
-from webapp.models.memories import MAX_CONTENT_CHARS, active_memories, content_hash_of
+from webapp.models.memories import MAX_CONTENT_CHARS, active_memories, content_hash_of, memories_within
+from webapp.prompt import memory_budget
 from webapp.prompts import render
 from webapp.queue import enqueue, recorded_job
 from webapp.timeutil import utcnow
@@ -158,23 +159,18 @@ def _consolidate_for_agent(link_id: int, through_id: int) -> AgentOutcome:
     outcome = AgentOutcome(agent_name=agent.name)
     cursor = link.last_consolidated_message_id
     messages = _transcript_lines(link.chat_id, cursor or 0, through_id)
-    core = list(
-        db.session.scalars(
-            active_memories(agent.id)
-            .where(AgentMemory.memory_type == "core")
-            .order_by(AgentMemory.created_at)
-            .with_only_columns(AgentMemory.content)
-        )
-    )
     identity, model, agent_id, chat_id = agent.identity(), agent.model_id, agent.id, link.chat_id
+    budget = memory_budget(agent)
     db.session.commit()
     for chunk in chunk_messages(messages, current_app.config["CONSOLIDATION_CHUNK_TOKENS"]):
+        # Read again for each chunk: it sees the memories the chunks before it added.
         prompt = render(
             "consolidation_extract.txt",
             identity=identity,
-            core_memories=core,
+            known=memories_within(agent_id, utcnow(), budget),
             transcript="\n\n".join(text for _, text in chunk),
         )
+        db.session.commit()  # no transaction stays open while the model thinks
         try:
             result = llm.complete(
                 model,
@@ -190,12 +186,11 @@ def _consolidate_for_agent(link_id: int, through_id: int) -> AgentOutcome:
             return outcome
         extracted = _parse_extraction(result.text, outcome)
         try:
-            _save_chunk(link_id, agent_id, chat_id, extracted, cursor, chunk[-1][0], outcome)
+            _save_chunk(link_id, agent_id, chat_id, extracted, cursor, (chunk[0][0], chunk[-1][0]), outcome)
         except CursorMoved:
             log.info("consolidation of chat %s for agent %s was done by another run", chat_id, agent_id)
             return outcome
         cursor = chunk[-1][0]
-        core += extracted["core"]  # the next chunk sees the core memories this one added
         outcome.chunks += 1
     return outcome
 
@@ -269,10 +264,11 @@ def _save_chunk(
     chat_id: int,
     extracted: dict[str, list[str]],
     from_message_id: int | None,
-    last_message_id: int,
+    chunk_range: tuple[int, int],
     outcome: AgentOutcome,
 ) -> None:
     """Add the chunk's new memories and move the agent's cursor past it, in one transaction."""
+    last_message_id = chunk_range[1]
     # The cursor update comes first: a write-first transaction takes SQLite's write lock before it reads.
     # It moves only from where this run found it, so a second run of the same chat cannot save twice.
     moved = db.session.execute(
@@ -291,12 +287,22 @@ def _save_chunk(
                 outcome.duplicates += 1
                 continue
             known.add(content_hash_of(content))
-            _add_memory(agent_id, chat_id, content, kind)
+            _add_memory(agent_id, chat_id, chunk_range, content, kind)
             setattr(outcome, kind, getattr(outcome, kind) + 1)
     db.session.commit()
 
 
-def _add_memory(agent_id: int, chat_id: int, content: str, kind: str) -> None:
+def _add_memory(agent_id: int, chat_id: int, chunk_range: tuple[int, int], content: str, kind: str) -> None:
+    """A new memory, its provenance (the chat and the messages it came from) in its creation audit row."""
     memory = AgentMemory(agent_id=agent_id, content=content, memory_type=kind)
     db.session.add(memory)
-    record_change(memory, "memory_create", None, via="consolidation", chat_id=chat_id)
+    first, last = chunk_range
+    record_change(
+        memory,
+        "memory_create",
+        None,
+        via="consolidation",
+        chat_id=chat_id,
+        first_message_id=first,
+        last_message_id=last,
+    )

@@ -18,6 +18,7 @@ from webapp.llm import LLMError
 from webapp.memory_ledger import dedup_for_agent
 from webapp.models import Agent, AgentMemory, AuditLog
 from webapp.models.memories import active_memories, core_memories
+from webapp.prompt import memory_budget
 from webapp.prompts import render
 from webapp.queue import enqueue, recorded_job, redis_connection
 from webapp.timeutil import utcnow
@@ -97,9 +98,12 @@ def _refine(agent: Agent, force: bool) -> dict[str, Any]:
     if not force and usage <= budget and recently:
         return {"skipped": "within budget and refined this week", "deduplicated": deduplicated}
     session = _start(agent, session_id, usage, budget, deduplicated)
+    pages = session.pages()
     prompt = render(
         "refinement.txt",
-        memories=memories,
+        count=len(memories),
+        memories=pages[0],
+        pages=len(pages),
         usage=usage,
         budget=budget,
         max_mutations=session.max_mutations,
@@ -128,6 +132,7 @@ def _start(agent: Agent, session_id: str, usage: int, budget: int, deduplicated:
         start_tokens=usage,
         max_mutations=config["REFINEMENT_MAX_MUTATIONS"],
         floor=config["REFINEMENT_TOKEN_FLOOR"],
+        page_tokens=memory_budget(agent),
     )
 
 

@@ -2,6 +2,7 @@
 and promotes the entries it chooses to core (the type changes; the content and the count stay)."""
 
 import logging
+import uuid
 from datetime import datetime
 from typing import Any
 
@@ -14,7 +15,8 @@ from webapp.jobs.refinement import trigger_if_over_budget
 from webapp.jsonparse import parse_json_object
 from webapp.memory_ledger import record_change
 from webapp.models import Agent, AgentMemory
-from webapp.models.memories import JOURNAL_WINDOW, active_memories
+from webapp.models.memories import JOURNAL_WINDOW, active_memories, core_memories, token_pages
+from webapp.prompt import memory_budget
 from webapp.prompts import render
 from webapp.queue import enqueue, recorded_job
 from webapp.timeutil import utcnow
@@ -48,7 +50,11 @@ def _agent_account(agent_id: int) -> int | None:
 
 @recorded_job("reflect", target=lambda agent_id: f"agent:{agent_id}", account=_agent_account)
 def reflect_agent(agent_id: int) -> dict[str, Any]:
-    """Let one agent choose which of its recent journal entries become core memories."""
+    """Let one agent choose which of its recent journal entries become core memories.
+
+    Entries are shown a page at a time, each page within the agent's memory budget (one request per page),
+    beside the oldest core memories that fit the same budget; every promotion carries this run's session id.
+    """
     agent = db.session.get(Agent, agent_id)
     if agent is None or agent.paused:
         return {"skipped": 1}
@@ -58,15 +64,24 @@ def reflect_agent(agent_id: int) -> dict[str, Any]:
     ).all()
     if not entries:
         return {"entries": 0, "promoted": 0}
-    core = db.session.scalars(
-        active_memories(agent.id)
-        .where(AgentMemory.memory_type == "core")
-        .order_by(AgentMemory.created_at)
-        .with_only_columns(AgentMemory.content)
-    ).all()
+    budget = memory_budget(agent)
+    core_pages = token_pages(db.session.scalars(core_memories(agent.id)).all(), budget)
+    core = [m.content for m in core_pages[0]] if core_pages else []  # the oldest, as in a reply's prompt
+    totals = {"entries": len(entries), "promoted": 0, "ignored": 0}
+    session_id = str(uuid.uuid4())
+    for page in token_pages(entries, budget):
+        for key, value in _reflect_on_page(agent, core, page, session_id).items():
+            totals[key] = totals.get(key, 0) + value
+    return totals
+
+
+def _reflect_on_page(
+    agent: Agent, core: list[str], entries: list[AgentMemory], session_id: str
+) -> dict[str, int]:
+    """One request: the model picks entries of this page to promote."""
     prompt = render("reflection.txt", core_memories=core, journal_entries=entries)
     numbered = {i: m.id for i, m in enumerate(entries, start=1)}
-    model = agent.model_id
+    model, agent_id = agent.model_id, agent.id
     db.session.commit()  # no transaction stays open while the model thinks
     result = llm.complete(
         model,
@@ -77,10 +92,9 @@ def reflect_agent(agent_id: int) -> dict[str, Any]:
     )
     parsed = parse_json_object(result.text)
     if parsed is None:
-        return {"entries": len(entries), "promoted": 0, "malformed": 1}
+        return {"malformed": 1}
     chosen, ignored = chosen_numbers(parsed.get("promote"), len(entries))
-    promoted = _promote(agent_id, [numbered[n] for n in chosen])
-    return {"entries": len(entries), "promoted": promoted, "ignored": ignored}
+    return {"promoted": _promote(agent_id, [numbered[n] for n in chosen], session_id), "ignored": ignored}
 
 
 def chosen_numbers(value: Any, count: int) -> tuple[list[int], int]:
@@ -105,7 +119,7 @@ def _as_number(item: Any) -> int | None:
     return None
 
 
-def _promote(agent_id: int, ids: list[int]) -> int:
+def _promote(agent_id: int, ids: list[int], session_id: str) -> int:
     """Make the chosen entries core (still active journal entries only) and audit each, in one transaction."""
     if not ids:
         return 0
@@ -121,7 +135,11 @@ def _promote(agent_id: int, ids: list[int]) -> int:
     ).all()
     for memory in db.session.scalars(sa.select(AgentMemory).where(AgentMemory.id.in_(promoted_ids))):
         record_change(
-            memory, "memory_promote", {**memory.snapshot(), "memory_type": "journal"}, via="reflection"
+            memory,
+            "memory_promote",
+            {**memory.snapshot(), "memory_type": "journal"},
+            via="reflection",
+            session_id=session_id,
         )
     agent = db.session.get(Agent, agent_id)
     trigger_if_over_budget(agent)

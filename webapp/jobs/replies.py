@@ -12,7 +12,7 @@ from webapp.extensions import db
 from webapp.jobs.followups import after_new_message
 from webapp.llm import LLMError
 from webapp.models import Agent, Chat, Message
-from webapp.prompt import build_prompt
+from webapp.prompt import build_prompt, fit_to_budget, record_sources
 from webapp.queue import enqueue, recorded_job, redis_connection
 from webapp.tools import ToolContext, run_tool_call, schemas_for
 
@@ -94,6 +94,7 @@ def generate_reply(message: Message) -> None:
     message.status = "done"
     message.input_tokens, message.output_tokens = prompt_tokens, completion_tokens
     message.tools_used = tools_used or None
+    record_sources(message, prompt)
     _after_success(message, prompt.borrowed_context)
     db.session.commit()
     events.publish(message.chat_id, "final", message.id)
@@ -126,6 +127,7 @@ def _tool_loop(message: Message, messages: list[dict[str, Any]]) -> tuple[str, i
     tools_used: list[str] = []
     for turn in range(max_turns):
         db.session.commit()  # hold no transaction (and no SQLite lock) while the model thinks
+        fit_to_budget(messages)  # tool results may have grown the prompt since the last call
         result = llm.complete(
             agent.model_id,
             messages,

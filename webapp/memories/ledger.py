@@ -16,7 +16,7 @@ from sqlalchemy.orm import aliased
 from wtforms import BooleanField, SelectField, TextAreaField
 from wtforms.validators import DataRequired, Length
 
-from webapp import schedule
+from webapp import schedule, search
 from webapp.auth import admin_required, owned_or_404
 from webapp.extensions import db
 from webapp.memories import bp
@@ -25,6 +25,7 @@ from webapp.memories.runs import KINDS
 from webapp.memory_ledger import record_change
 from webapp.models import Agent, AgentMemory
 from webapp.models.memories import JOURNAL_WINDOW, MAX_CONTENT_CHARS, active_memories, like_pattern
+from webapp.search import Match
 from webapp.timeutil import utcnow
 
 log = logging.getLogger(__name__)
@@ -94,6 +95,9 @@ def _listed(agent_id: int, show: str, q: str, now: datetime) -> sa.Select:
         query = active_memories(agent_id).where(*_conditions(AgentMemory, now)[show])
     if q:
         query = query.where(AgentMemory.content.ilike(like_pattern(q), escape="\\"))
+        hits = search.ranked("agent_memories", q, Match.ALL_PREFIXES)
+        if hits is not None:  # the full-text index finds the candidates; the pattern keeps what was typed
+            query = query.where(AgentMemory.id.in_(sa.select(hits.c.id)))
     return query.order_by(AgentMemory.created_at.desc(), AgentMemory.id.desc())
 
 

@@ -4,7 +4,7 @@ from webapp.models.accounts import Account, User
 from webapp.models.agents import Agent
 from webapp.models.audit import AuditLog
 from webapp.models.chats import Chat, ChatAgent, Message
-from webapp.models.memories import AgentMemory
+from webapp.models.memories import AgentMemory, ReplySources
 from webapp.models.runs import JobRun, LlmCall
 
 __all__ = [
@@ -17,5 +17,6 @@ __all__ = [
     "JobRun",
     "LlmCall",
     "Message",
+    "ReplySources",
     "User",
 ]

@@ -8,6 +8,7 @@ from webapp.models.accounts import Account
 from webapp.timeutil import utcnow
 
 DEFAULT_CORE_TOKEN_BUDGET = 5000
+DEFAULT_TOOLS = ("save_memory", "recall")  # what a new agent may call unless an admin unticks it
 
 
 class Agent(db.Model):
@@ -19,8 +20,10 @@ class Agent(db.Model):
     name: Mapped[str] = mapped_column(sa.String(80))
     system_prompt: Mapped[str] = mapped_column(sa.Text, default="")
     model_id: Mapped[str] = mapped_column(sa.String(200))
-    enabled_tools: Mapped[list[str]] = mapped_column(JSON, default=list)
+    enabled_tools: Mapped[list[str]] = mapped_column(JSON, default=lambda: list(DEFAULT_TOOLS))
     core_token_budget: Mapped[int] = mapped_column(default=DEFAULT_CORE_TOKEN_BUDGET)
+    # Tokens of memory listed in each of its prompts (None: the MEMORY_TOKEN_BUDGET setting).
+    memory_token_budget: Mapped[int | None]
     last_refinement_at: Mapped[datetime | None]
     paused: Mapped[bool] = mapped_column(default=False)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

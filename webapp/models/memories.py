@@ -1,27 +1,38 @@
 import hashlib
+import re
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.orm import Mapped, mapped_column, relationship, validates
+from sqlalchemy.orm import Mapped, backref, mapped_column, relationship, validates
 
-from webapp.extensions import db
+from webapp.extensions import JSON, db
 from webapp.models.agents import Agent
+from webapp.models.chats import Message
 from webapp.timeutil import utcnow
 from webapp.tokens import count_tokens
 
 MEMORY_TYPES = ("journal", "core")
 MAX_CONTENT_CHARS = 10_000
 JOURNAL_WINDOW = timedelta(days=7)
+# What a listed memory costs beyond its own tokens: the bullet, the date and the line break.
+LINE_TOKENS = 8
 
 
 class ConstitutionalMemoryError(ValueError):
     """Raised by any attempt to delete or merge away a constitutional memory."""
 
 
+def normalized(content: str) -> str:
+    """The text two memories share when they differ only in case, spacing or punctuation."""
+    words = re.sub(r"[^\w\s]", " ", content.casefold()).split()
+    return " ".join(words) or content.strip().casefold()
+
+
 def content_hash_of(content: str) -> str:
-    """The hash two memories share when they say the same thing (case and outer space ignored)."""
-    return hashlib.sha256(content.strip().lower().encode()).hexdigest()
+    """The hash two memories share when they say the same thing (case, spacing and punctuation ignored)."""
+    return hashlib.sha256(normalized(content).encode()).hexdigest()
 
 
 class AgentMemory(db.Model):
@@ -108,17 +119,88 @@ def active_memories(agent_id: int) -> sa.Select:
 
 
 def prompt_memories(agent_id: int, now: datetime) -> sa.Select:
-    """Active core memories, then active journal entries of the last 7 days, oldest first within each."""
+    """Active core memories and active journal entries of the last 7 days (unordered)."""
     fresh_journal = sa.and_(
         AgentMemory.memory_type == "journal", AgentMemory.created_at >= now - JOURNAL_WINDOW
     )
-    return (
-        active_memories(agent_id)
-        .where(sa.or_(AgentMemory.memory_type == "core", fresh_journal))
-        .order_by(
-            sa.case((AgentMemory.memory_type == "core", 0), else_=1), AgentMemory.created_at, AgentMemory.id
-        )
+    return active_memories(agent_id).where(sa.or_(AgentMemory.memory_type == "core", fresh_journal))
+
+
+@dataclass
+class MemoryWithin:
+    """The memories that fit a token budget: core oldest first, then journal newest first; and what did not."""
+
+    core: list["AgentMemory"] = field(default_factory=list)
+    journal: list["AgentMemory"] = field(default_factory=list)
+    core_left_out: int = 0
+    journal_left_out: int = 0
+
+    @property
+    def ids(self) -> list[int]:
+        return [m.id for m in self.core + self.journal]
+
+    @property
+    def left_out(self) -> int:
+        return self.core_left_out + self.journal_left_out
+
+    def drop_last(self) -> None:
+        """Leave out the last memory listed (the oldest journal entry, or else the newest core memory)."""
+        if self.journal:
+            self.journal.pop()
+            self.journal_left_out += 1
+        elif self.core:
+            self.core.pop()
+            self.core_left_out += 1
+
+
+def memories_within(agent_id: int, now: datetime, budget: int) -> MemoryWithin:
+    """Core memories oldest first, then the week's journal newest first, while their tokens fit `budget`.
+
+    Two queries whatever the number of memories: a running sum (a window function) picks the rows that fit,
+    and one count says how many of each type there are.
+    """
+    is_core = AgentMemory.memory_type == "core"
+    tokens = sa.func.coalesce(AgentMemory.token_estimate, sa.func.length(AgentMemory.content)) + LINE_TOKENS
+    order = (
+        sa.case((is_core, 0), else_=1),
+        sa.case((is_core, AgentMemory.created_at)),
+        sa.case((AgentMemory.memory_type == "journal", AgentMemory.created_at)).desc(),
+        sa.case((is_core, AgentMemory.id), else_=-AgentMemory.id),
     )
+    ranked = (
+        prompt_memories(agent_id, now)
+        .with_only_columns(AgentMemory.id, sa.func.sum(tokens).over(order_by=order).label("running"))
+        .subquery()
+    )
+    fitting = db.session.scalars(
+        sa.select(AgentMemory)
+        .join(ranked, ranked.c.id == AgentMemory.id)
+        .where(ranked.c.running <= budget)
+        .order_by(ranked.c.running)
+    ).all()
+    totals = db.session.execute(
+        prompt_memories(agent_id, now).with_only_columns(
+            sa.func.count(), sa.func.coalesce(sa.func.sum(sa.case((is_core, 1), else_=0)), 0)
+        )
+    ).one()
+    core = [m for m in fitting if m.memory_type == "core"]
+    journal = [m for m in fitting if m.memory_type == "journal"]
+    total_core = int(totals[1])
+    return MemoryWithin(core, journal, total_core - len(core), int(totals[0]) - total_core - len(journal))
+
+
+def token_pages(memories: list["AgentMemory"], budget: int) -> list[list["AgentMemory"]]:
+    """The memories split, in order, into pages whose tokens each fit `budget` (a page holds one at least)."""
+    pages: list[list[AgentMemory]] = []
+    used = budget + 1
+    for memory in memories:
+        tokens = (memory.token_estimate or len(memory.content)) + LINE_TOKENS
+        if used + tokens > budget:
+            pages.append([])
+            used = 0
+        pages[-1].append(memory)
+        used += tokens
+    return pages
 
 
 def core_memories(agent_id: int) -> sa.Select:
@@ -134,3 +216,28 @@ def like_pattern(text: str) -> str:
     """A LIKE pattern matching `text` anywhere, with its own % and _ taken literally (DESIGN.md 5.8)."""
     escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
     return f"%{escaped}%"
+
+
+class ReplySources(db.Model):
+    """What a reply's prompt held (ids, no copies): its memories, summaries, borrowed and recalled context."""
+
+    __tablename__ = "reply_sources"
+
+    message_id: Mapped[int] = mapped_column(
+        sa.ForeignKey("messages.id", ondelete="CASCADE"), primary_key=True
+    )
+    memory_ids: Mapped[list[int]] = mapped_column(JSON, default=list)
+    recalled_memory_ids: Mapped[list[int]] = mapped_column(JSON, default=list)
+    recalled_chat_ids: Mapped[list[int]] = mapped_column(JSON, default=list)
+    # The chat's own summary of its compacted history, and the other chats whose summaries were listed.
+    conversation_summary: Mapped[bool] = mapped_column(default=False)
+    summary_chat_ids: Mapped[list[int]] = mapped_column(JSON, default=list)
+    borrowed_chat_id: Mapped[int | None] = mapped_column(sa.ForeignKey("chats.id"))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    # Loaded with a page of messages in one more query (selectin), so the chat page stays constant.
+    message: Mapped[Message] = relationship(backref=backref("sources", uselist=False, lazy="selectin"))
+
+    @property
+    def memory_count(self) -> int:
+        return len(set(self.memory_ids) | set(self.recalled_memory_ids))

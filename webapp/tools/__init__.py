@@ -13,9 +13,10 @@ import jsonschema
 from webapp.llm import ToolCall
 from webapp.tools.base import Tool, ToolContext
 from webapp.tools.borrow_context import TOOL as BORROW_CONTEXT
+from webapp.tools.recall import TOOL as RECALL
 from webapp.tools.save_memory import TOOL as SAVE_MEMORY
 
-REGISTRY: dict[str, Tool] = {tool.name: tool for tool in [SAVE_MEMORY, BORROW_CONTEXT]}
+REGISTRY: dict[str, Tool] = {tool.name: tool for tool in [SAVE_MEMORY, RECALL, BORROW_CONTEXT]}
 
 __all__ = ["REGISTRY", "Tool", "ToolContext", "ToolOutcome", "run_tool_call", "schemas_for"]
 

@@ -12,10 +12,10 @@ from typing import Any
 from webapp.extensions import db
 from webapp.memory_ledger import record_change, rollback_session
 from webapp.models import Agent, AgentMemory, AuditLog
-from webapp.models.memories import core_memories, like_pattern
+from webapp.models.memories import core_memories, like_pattern, token_pages
 from webapp.timeutil import utcnow
 
-ACTIONS = ("search", "consolidate", "update", "delete", "protect", "complete")
+ACTIONS = ("page", "search", "consolidate", "update", "delete", "protect", "complete")
 MUTATIONS = ("consolidate", "update", "delete", "protect")
 VIA = "refinement"
 
@@ -23,14 +23,16 @@ SCHEMA = {
     "type": "function",
     "function": {
         "name": "refine_memory",
-        "description": "Memory refinement tool. Actions: search, consolidate, update, delete, protect, complete.",
+        "description": "Memory refinement tool. Actions: page, search, consolidate, update, delete, protect, "
+        "complete.",
         "parameters": {
             "type": "object",
             "properties": {
                 "action": {
                     "type": "string",
-                    "description": "search, consolidate, update, delete, protect, or complete",
+                    "description": "page, search, consolidate, update, delete, protect, or complete",
                 },
+                "page": {"type": "string", "description": "Page number of your core memories (for page)"},
                 "query": {"type": "string", "description": "Search query (for search action)"},
                 "ids": {
                     "type": "string",
@@ -53,6 +55,7 @@ class RefinementSession:
     start_tokens: int
     max_mutations: int
     floor: float
+    page_tokens: int  # how much memory one page (the prompt's listing, a page or a search) may show
     stats: dict[str, int] = field(
         default_factory=lambda: {"consolidated": 0, "updated": 0, "deleted": 0, "protected": 0}
     )
@@ -83,6 +86,23 @@ class RefinementSession:
             return self._check_floor() or result
         return result
 
+    def pages(self) -> list[list[AgentMemory]]:
+        """The agent's core memories, oldest first, in pages within the page budget."""
+        return token_pages(db.session.scalars(core_memories(self.agent.id)).all(), self.page_tokens)
+
+    def _page(self, page: str = "", **_: str) -> dict[str, Any]:
+        if not page.strip().isdigit():
+            return _param_error("page", "page (a number)")
+        pages, number = self.pages(), int(page)
+        if not 1 <= number <= len(pages):
+            return _error(f"There are {len(pages)} pages; ask for a page from 1 to {len(pages)}.")
+        return {
+            "type": "page",
+            "page": number,
+            "pages": len(pages),
+            "results": [_summary(m) for m in pages[number - 1]],
+        }
+
     def _search(self, query: str = "", **_: str) -> dict[str, Any]:
         if not query.strip():
             return _param_error("search", "query")
@@ -91,12 +111,14 @@ class RefinementSession:
                 AgentMemory.content.ilike(like_pattern(query.strip()), escape="\\")
             )
         ).all()
-        return {
-            "type": "search_results",
-            "query": query,
-            "count": len(found),
-            "results": [_summary(m) for m in found],
-        }
+        shown = token_pages(found, self.page_tokens)[:1]
+        results = [_summary(m) for m in (shown[0] if shown else [])]
+        result = {"type": "search_results", "query": query, "count": len(found), "results": results}
+        if len(results) < len(found):
+            result["note"] = (
+                f"Only the first {len(results)} fit; search with more precise words for the others."
+            )
+        return result
 
     def _consolidate(self, ids: str = "", content: str = "", **_: str) -> dict[str, Any]:
         if not ids.strip():

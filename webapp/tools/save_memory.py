@@ -28,7 +28,15 @@ def save_memory(context: ToolContext, content: str, memory_type: str) -> dict[st
         return {"saved": False, "memory_id": existing.id, "note": "You already remember exactly this."}
     memory = AgentMemory(agent=context.agent, content=content, memory_type=memory_type)
     db.session.add(memory)
-    record_change(memory, "memory_create", None, via="save_memory", chat_id=context.chat.id)
+    # Provenance: the reply whose tool call saved it.
+    record_change(
+        memory,
+        "memory_create",
+        None,
+        via="save_memory",
+        chat_id=context.chat.id,
+        message_id=context.message.id,
+    )
     trigger_if_over_budget(context.agent)
     db.session.commit()
     if memory_type == "journal":

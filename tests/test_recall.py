@@ -1,0 +1,152 @@
+"""Issue 14.2: the recall tool searches the agent's own memory and conversations in the database's index."""
+
+import json
+import re
+from datetime import timedelta
+
+import pytest
+import sqlalchemy as sa
+
+from tests import factories
+from webapp.extensions import db
+from webapp.jobs.replies import request_replies, respond
+from webapp.models import Agent, AgentMemory, Message, ReplySources
+from webapp.timeutil import utcnow
+from webapp.tools import ToolContext
+from webapp.tools.recall import recall
+
+
+@pytest.fixture
+def ada(admin):
+    return factories.agent(admin.account, "Ada", enabled_tools=["save_memory", "recall"])
+
+
+@pytest.fixture
+def chat(admin, ada):
+    chat = factories.chat(admin.account, [ada], "Dogs")
+    factories.message(chat, "What was my dog called again?", author=admin)
+    return chat
+
+
+def _recall(agent, chat, query: str) -> dict:
+    reply = factories.message(chat, "", author=agent, status="streaming")
+    return recall(ToolContext(agent=agent, chat=chat, message=reply), query)
+
+
+def test_a_fact_saved_30_days_ago_is_recalled_and_reaches_the_model(app, fake_llm, chat, ada):
+    old = factories.memory(
+        ada, "The user's dog is named Biscuit.", "journal", created_at=utcnow() - timedelta(days=30)
+    )
+    [reply] = request_replies(chat, [ada])
+    db.session.commit()
+    fake_llm.reply(tool_calls=[("recall", {"query": "dog named"})])
+    fake_llm.reply("Your dog is Biscuit.")
+
+    respond([reply.id])
+
+    first, second = fake_llm.requests
+    assert "Biscuit" not in json.dumps(first["messages"])  # an expired entry is not in the prompt itself
+    assert "recall" in first["messages"][-1]["content"]  # the prompt says how to reach it
+    result = json.loads(second["messages"][-1]["content"])
+    assert second["messages"][-1]["role"] == "tool"
+    assert result["results"][0] == {
+        "memory_id": old.id, "type": "journal", "date": old.created_at.strftime("%Y-%m-%d"),
+        "content": "The user's dog is named Biscuit.", "faded": True,
+    }  # fmt: skip
+    sources = db.session.get(ReplySources, reply.id)
+    assert sources.recalled_memory_ids == [old.id]
+
+
+def test_recall_finds_messages_of_the_agents_conversations_with_their_opaque_id(app, admin, chat, ada):
+    other = factories.chat(admin.account, [ada], "Walks")
+    factories.message(other, "Biscuit loves the long walk by the river.", author=admin)
+
+    hits = _recall(ada, chat, "river walk")["results"]
+
+    assert hits == [
+        {"conversation_id": other.public_id, "conversation": "Walks", "date": hits[0]["date"],
+         "author": "dana", "content": "Biscuit loves the long walk by the river."}
+    ]  # fmt: skip
+
+
+def test_recall_never_returns_another_agents_memory_or_a_foreign_conversation(
+    app, admin, stranger, chat, ada
+):
+    basil = factories.agent(admin.account, "Basil")
+    factories.memory(basil, "Basil knows the secret password is marmalade.")
+    basil_only = factories.chat(admin.account, [basil], "Basil alone")
+    factories.message(basil_only, "The marmalade password is for Basil only.", author=admin)
+    discarded = factories.chat(admin.account, [ada], "Old")
+    factories.message(discarded, "marmalade in a discarded chat", author=admin)
+    discarded.discarded_at = utcnow()
+    foreign_agent = factories.agent(stranger.account, "Ada")
+    factories.memory(foreign_agent, "Globex marmalade secret.")
+    foreign_chat = factories.chat(stranger.account, [foreign_agent])
+    factories.message(foreign_chat, "marmalade at Globex", author=stranger)
+    db.session.commit()
+
+    assert _recall(ada, chat, "marmalade password secret")["results"] == []
+    factories.memory(ada, "I like marmalade.")
+    assert [h["content"] for h in _recall(ada, chat, "marmalade")["results"]] == ["I like marmalade."]
+
+
+def test_deleted_memories_are_not_recalled_and_edits_are_searched_by_their_new_words(app, chat, ada):
+    gone = factories.memory(ada, "The gate code is 4711.")
+    edited = factories.memory(ada, "The user drinks coffee.")
+    gone.soft_delete()
+    edited.content = "The user drinks green tea now."
+    db.session.commit()
+
+    assert _recall(ada, chat, "gate code")["results"] == []
+    assert _recall(ada, chat, "coffee")["results"] == []
+    assert [h["memory_id"] for h in _recall(ada, chat, "tea")["results"]] == [edited.id]
+
+
+def test_rows_written_in_bulk_are_searchable_too(app, admin, chat, ada):
+    now = utcnow()
+    db.session.execute(
+        sa.insert(AgentMemory),
+        [{"agent_id": ada.id, "content": "Bulk fact about zucchini.", "memory_type": "core",
+          "constitutional": False, "created_at": now, "updated_at": now}],
+    )  # fmt: skip
+    db.session.execute(sa.update(Message).where(Message.chat_id == chat.id).values(content="zucchini soup?"))
+    db.session.commit()
+
+    hits = _recall(ada, chat, "zucchini")["results"]
+
+    assert {h.get("content") for h in hits} == {"Bulk fact about zucchini.", "zucchini soup?"}
+
+
+def test_results_stay_within_the_token_budget(app, chat, ada):
+    app.config["RECALL_TOKEN_BUDGET"] = 100
+    for i in range(8):
+        factories.memory(ada, f"Fact {i} about tomatoes: " + "they like sun and warm soil. " * 10)
+
+    result = _recall(ada, chat, "tomatoes")
+
+    assert 1 <= len(result["results"]) < 8 and "did not fit" in result["note"]
+
+
+def test_a_query_without_words_finds_nothing_and_does_not_fail(app, chat, ada):
+    factories.memory(ada, "Something.")
+    assert _recall(ada, chat, "?!* \"' OR AND NEAR(")["results"] == []
+
+
+def test_new_agents_may_recall_by_default(app, signed_in, client, admin):
+    box = re.search(r'<input[^>]*value="recall"[^>]*>', client.get("/agents/new").text).group(0)
+    assert "checked" in box
+    agent = Agent(account=admin.account, name="Cleo", model_id="m")
+    db.session.add(agent)
+    db.session.commit()
+    assert agent.enabled_tools == ["save_memory", "recall"]
+
+
+def test_reindex_rebuilds_the_index_from_the_tables(app, runner, chat, ada):
+    factories.memory(ada, "The greenhouse key hangs by the door.")
+
+    result = runner.invoke(args=["memories", "reindex"])
+
+    assert "agent_memories: 1 rows indexed" in result.output
+    assert [h["content"] for h in _recall(ada, chat, "greenhouse key")["results"]] == [
+        "The greenhouse key hangs by the door."
+    ]

@@ -1,0 +1,72 @@
+"""Full-text search over memories and messages, in the database itself.
+
+SQLite: the FTS5 tables `agent_memories_fts` and `messages_fts` (external content, kept in step by triggers).
+PostgreSQL: the generated `search_vector` columns with GIN indexes. Both are made by the migration
+680a29028759; both stem English words, so "roses" finds "rose". Callers get a subquery of (id, rank) to join
+and scope as they need: the rank orders best first.
+"""
+
+import re
+from enum import Enum
+
+import sqlalchemy as sa
+
+from webapp.extensions import db
+
+TERM = re.compile(r"[^\W_]+")
+MAX_TERMS = 16
+TABLES = ("agent_memories", "messages")
+
+
+class Match(Enum):
+    ANY_WORD = "any"  # recall: any of the words, the best matches first
+    ALL_PREFIXES = "all"  # the ledger's search box: every word, as a word or the start of one
+
+
+def terms(text: str) -> list[str]:
+    """The searchable words of text (letters and digits), lowercased, at most MAX_TERMS."""
+    return TERM.findall(text.casefold())[:MAX_TERMS]
+
+
+def ranked(table: str, text: str, match: Match) -> sa.Subquery | None:
+    """(id, rank) of the rows of `table` matching text, lower rank first; None when text has no words."""
+    words = terms(text)
+    if not words:
+        return None
+    if db.engine.dialect.name == "sqlite":
+        return _sqlite(table, words, match)
+    return _postgres(table, words, match)
+
+
+def _sqlite(table: str, words: list[str], match: Match) -> sa.Subquery:
+    if match is Match.ANY_WORD:
+        query = " OR ".join(f'"{w}"' for w in words)
+    else:
+        query = " ".join(f'"{w}"*' for w in words)
+    fts = f"{table}_fts"
+    statement = sa.text(f"SELECT rowid AS id, bm25({fts}) AS rank FROM {fts} WHERE {fts} MATCH :fts_query")
+    return statement.bindparams(fts_query=query).columns(id=sa.Integer, rank=sa.Float).subquery(f"{fts}_hits")
+
+
+def _postgres(table: str, words: list[str], match: Match) -> sa.Subquery:
+    query = " | ".join(words) if match is Match.ANY_WORD else " & ".join(f"{w}:*" for w in words)
+    statement = sa.text(
+        f"SELECT id, -ts_rank_cd(search_vector, q) AS rank FROM {table}, "
+        "to_tsquery('english', :ts_query) AS q WHERE search_vector @@ q"
+    )
+    return (
+        statement.bindparams(ts_query=query).columns(id=sa.Integer, rank=sa.Float).subquery(f"{table}_hits")
+    )
+
+
+def rebuild() -> dict[str, int]:
+    """Rebuild the index of every searched table from the table itself; returns the rows per table."""
+    counts = {}
+    for table in TABLES:
+        if db.engine.dialect.name == "sqlite":
+            db.session.execute(sa.text(f"INSERT INTO {table}_fts({table}_fts) VALUES ('rebuild')"))
+        else:
+            db.session.execute(sa.text(f"REINDEX INDEX ix_{table}_search_vector"))
+        counts[table] = db.session.scalar(sa.text(f"SELECT count(*) FROM {table}"))
+    db.session.commit()
+    return counts
