@@ -2,9 +2,11 @@
 
 import sys
 
+import sqlalchemy as sa
+from flask import Flask
 from rq import Worker
 
-from webapp import create_app
+from webapp import create_app, jobs, prompts, tokens
 from webapp.extensions import db
 from webapp.queue import redis_connection, rq_queue, wait_for_redis
 
@@ -22,9 +24,21 @@ class AppWorker(Worker):
                 db.session.remove()
 
 
+def preload(app: Flask) -> None:
+    """Load once, in the parent, what every job would otherwise load again in its freshly forked work horse:
+    the tokenizer (over a second), the job modules, the prompt templates, the model client's API classes and
+    the ORM mappers. Nothing here opens a database connection, which a fork must not share."""
+    tokens.encoder()
+    jobs.load_all()
+    prompts.compile_all()
+    _ = app.extensions["llm_client"].chat.completions  # the openai SDK imports its resources on first use
+    sa.orm.configure_mappers()
+
+
 def main(argv: list[str]) -> None:
     app = create_app()
     AppWorker.app = app
+    preload(app)
     with app.app_context():
         wait_for_redis()
         worker = AppWorker([rq_queue()], connection=redis_connection())

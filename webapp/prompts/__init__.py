@@ -17,3 +17,9 @@ _env = Environment(
 def render(name: str, **variables) -> str:
     """Fill in the prompt template `name` (a file in this folder) with the given variables."""
     return _env.get_template(name).render(**variables).strip()
+
+
+def compile_all() -> None:
+    """Parse every template now (a worker does it once, before forking a process per job)."""
+    for name in _env.list_templates(filter_func=lambda name: not name.endswith(".py")):
+        _env.get_template(name)
