@@ -44,6 +44,7 @@ def _settings(database_url: str, llm_url: str) -> dict:
         "LLM_BASE_URL": llm_url,
         "LLM_TIMEOUT_SECONDS": 5,
         "WTF_CSRF_ENABLED": False,
+        "RATELIMIT_STORAGE_URI": "memory://",  # a fresh count per app
     }
 
 

@@ -5,10 +5,11 @@ from pathlib import Path
 
 from dotenv import load_dotenv
 from flask import Flask, redirect, url_for
+from werkzeug.exceptions import NotFound
 from werkzeug.routing import IntegerConverter
 
 from webapp import config
-from webapp.extensions import csrf, db, login_manager, migrate
+from webapp.extensions import DATABASE_ID_MAX, csrf, db, login_manager, migrate
 from webapp.timeutil import utcnow
 
 
@@ -26,10 +27,11 @@ def create_app(test_config: dict | None = None) -> Flask:
     login_manager.init_app(app)
     csrf.init_app(app)
 
-    from webapp import llm, queue
+    from webapp import guards, llm, queue
 
     llm.init_app(app)
     queue.init_app(app)
+    guards.init_app(app)
 
     from webapp import agents, auth, chats, health, memories, models, usage  # noqa: F401  (models registers the tables)
     from webapp.cli import register_cli
@@ -46,11 +48,14 @@ def create_app(test_config: dict | None = None) -> Flask:
 
 
 class DatabaseIdConverter(IntegerConverter):
-    """<int:...> in URLs matches only ids a database column can hold (larger ones are a plain 404)."""
+    """<int:...> in URLs: an id larger than a database column can hold is a plain 404, whatever the method.
+    (The converter's own max would make werkzeug answer 405 when another method's rule has the same path.)"""
 
-    def __init__(self, url_map, *args, **kwargs):
-        kwargs.setdefault("max", 2**31 - 1)
-        super().__init__(url_map, *args, **kwargs)
+    def to_python(self, value: str) -> int:
+        number = super().to_python(value)
+        if number > DATABASE_ID_MAX:
+            raise NotFound()
+        return number
 
 
 def _out_of_range(_error: OverflowError):

@@ -4,13 +4,15 @@ import functools
 from urllib.parse import urlsplit
 
 import sqlalchemy as sa
-from flask import Blueprint, abort, flash, redirect, render_template, request, url_for
+from flask import Blueprint, Response, abort, current_app, flash, redirect, render_template, request, url_for
+from flask_limiter import RateLimitExceeded
 from flask_login import current_user, login_required, login_user, logout_user
 from flask_wtf import FlaskForm
 from wtforms import EmailField, PasswordField
 from wtforms.validators import DataRequired, Length
 
-from webapp.extensions import db, login_manager
+from webapp import guards
+from webapp.extensions import DATABASE_ID_MAX, db, limiter, login_manager
 from webapp.models import User
 
 bp = Blueprint("auth", __name__)
@@ -29,7 +31,21 @@ class LoginForm(FlaskForm):
     password = PasswordField("Password", validators=[DataRequired(), Length(max=200)])
 
 
+def _failed_sign_in(response: Response) -> bool:
+    return response.status_code == 422
+
+
 @bp.route("/login", methods=["GET", "POST"])
+@limiter.limit(
+    lambda: current_app.config["RATE_LIMIT_LOGIN_PER_ACCOUNT"], key_func=guards.login_email_key,
+    methods=["POST"], deduct_when=_failed_sign_in, scope="login-account",
+    error_message="Too many failed sign-in attempts.",
+)  # fmt: skip
+@limiter.limit(
+    lambda: current_app.config["RATE_LIMIT_LOGIN_PER_ADDRESS"], key_func=guards.address_key,
+    methods=["POST"], deduct_when=_failed_sign_in, scope="login-address",
+    error_message="Too many failed sign-in attempts.",
+)  # fmt: skip
 def login():
     """Sign in with email and password."""
     form = LoginForm()
@@ -40,6 +56,16 @@ def login():
             return redirect(_safe_next(request.args.get("next")), code=303)
         form.password.errors.append("That email and password do not match.")
     return render_template("auth/login.html", form=form), 422 if form.errors else 200
+
+
+@bp.errorhandler(RateLimitExceeded)
+def _too_many_attempts(error: RateLimitExceeded):
+    """The sign-in page again, saying why it refused (whether the password was right is not checked)."""
+    form = LoginForm()
+    form.password.errors = [guards.limit_message(error)]
+    response = Response(render_template("auth/login.html", form=form), status=429)
+    response.headers["Retry-After"] = str(guards.seconds_until_allowed())
+    return response
 
 
 @bp.post("/logout")
@@ -75,6 +101,8 @@ def admin_required(view):
 
 def owned_or_404(model, object_id: int):
     """The row of `model` with this id in the signed-in user's account; anything else is a 404."""
+    if not 0 < object_id <= DATABASE_ID_MAX:
+        abort(404)
     row = db.session.scalar(
         sa.select(model).where(model.id == object_id, model.account_id == current_user.account_id)
     )

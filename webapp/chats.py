@@ -26,6 +26,7 @@ from wtforms.validators import DataRequired, Length, ValidationError
 from webapp import events
 from webapp.auth import owned_or_404
 from webapp.extensions import db
+from webapp.guards import replies_limit
 from webapp.jobs.followups import after_new_message
 from webapp.jobs.replies import request_replies, retry_reply
 from webapp.models import Agent, AuditLog, Chat, ChatAgent, Message
@@ -211,6 +212,7 @@ def _message_in(chat: Chat, message_id: int) -> Message:
 
 @bp.post("/<int:chat_id>/messages")
 @login_required
+@replies_limit
 def send(chat_id: int):
     """Post a message; the single agent of a one-to-one chat, or each @mentioned agent, is asked to reply."""
     chat = _open_chat(chat_id)
@@ -240,6 +242,7 @@ def _composer_error(chat: Chat, form: MessageForm):
 
 @bp.post("/<int:chat_id>/trigger")
 @login_required
+@replies_limit
 def trigger(chat_id: int):
     """Ask one agent of the chat (agent_id=ID) or all of them one after another (agent_id=all) to reply."""
     chat = _open_chat(chat_id)
@@ -265,6 +268,7 @@ def _notice(text: str, status: int):
 
 @bp.post("/<int:chat_id>/messages/<int:message_id>/retry")
 @login_required
+@replies_limit
 def retry(chat_id: int, message_id: int):
     """Queue a failed (or stuck) reply again."""
     chat = _open_chat(chat_id)
@@ -360,12 +364,18 @@ def _open_chat(chat_id: int) -> Chat:
 def stream(chat_id: int):
     """Server-Sent Events for this chat: reply text as it streams, then each finished message."""
     chat = owned_or_404(Chat, chat_id)
-    seconds = min(request.args.get("seconds", STREAM_SECONDS, type=float), STREAM_SECONDS)
+    seconds = max(1.0, min(request.args.get("seconds", STREAM_SECONDS, type=float), STREAM_SECONDS))
+    keepalive = current_app.config["STREAM_KEEPALIVE_SECONDS"]
+    release_slot = events.take_stream_slot(
+        current_user.id, current_app.config["STREAM_MAX_PER_USER"], seconds
+    )
+    if release_slot is None:
+        return Response("Too many open live streams; close another tab of Cairn.", status=429)
     db.session.close()  # hold no database connection while waiting for events
 
     def generate():
         yield ": connected\n\n"
-        for event in events.listen(chat.id, seconds):
+        for event in events.listen(chat.id, seconds, keepalive):
             if event is None:
                 yield ": keepalive\n\n"
             elif event["kind"] == "delta":
@@ -374,7 +384,10 @@ def stream(chat_id: int):
                 yield events.sse(f"final-{event['message_id']}", _render_final(chat, event["message_id"]))
 
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    return Response(stream_with_context(generate()), mimetype="text/event-stream", headers=headers)
+    response = Response(stream_with_context(generate()), mimetype="text/event-stream", headers=headers)
+    # Closed when the time is up or the browser has left (the server's next write fails): free the slot.
+    response.call_on_close(release_slot)
+    return response
 
 
 def _render_final(chat: Chat, message_id: int) -> str:

@@ -94,4 +94,13 @@ def load(instance_path: str) -> dict:
         "CROSS_CONVERSATION_REFRESH_SECONDS": _int("CROSS_CONVERSATION_REFRESH_SECONDS", 20),
         "MESSAGE_MAX_CHARS": 20_000,
         "MESSAGES_PER_PAGE": 50,
+        # Live reply streams one user may hold open at once (tabs of chat pages); more are refused with 429.
+        "STREAM_MAX_PER_USER": _int("STREAM_MAX_PER_USER", 8),
+        # Seconds of silence before a stream sends a comment; a browser that left is noticed by then or so.
+        "STREAM_KEEPALIVE_SECONDS": float(os.environ.get("STREAM_KEEPALIVE_SECONDS", 10)),
+        # Flask-Limiter limits (its notation). Messages and agent triggers share one per-user budget; sign-in
+        # attempts that fail count per email and per client address. Storage: the app's Redis.
+        "RATE_LIMIT_REPLIES": os.environ.get("RATE_LIMIT_REPLIES", "20 per minute; 300 per hour"),
+        "RATE_LIMIT_LOGIN_PER_ACCOUNT": os.environ.get("RATE_LIMIT_LOGIN_PER_ACCOUNT", "10 per 15 minutes"),
+        "RATE_LIMIT_LOGIN_PER_ADDRESS": os.environ.get("RATE_LIMIT_LOGIN_PER_ADDRESS", "30 per 15 minutes"),
     }

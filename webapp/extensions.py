@@ -1,12 +1,16 @@
 """Extensions are created here and bound to an app in the factory."""
 
 import sqlalchemy as sa
+from flask_limiter import Limiter
+from flask_limiter.util import get_remote_address
 from flask_login import LoginManager
 from flask_migrate import Migrate
 from flask_sqlalchemy import SQLAlchemy
 from flask_wtf import CSRFProtect
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import DeclarativeBase
+
+DATABASE_ID_MAX = 2**31 - 1  # integer primary keys: no row has a larger id
 
 # JSON columns are JSONB on PostgreSQL.
 JSON = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
@@ -29,6 +33,8 @@ db = SQLAlchemy(model_class=Base)
 migrate = Migrate()
 login_manager = LoginManager()
 csrf = CSRFProtect()
+# Only the limits declared on views apply (no default limit); storage is the app's Redis (webapp.guards).
+limiter = Limiter(key_func=get_remote_address)
 
 
 @sa.event.listens_for(sa.engine.Engine, "connect")

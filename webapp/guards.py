@@ -1,0 +1,90 @@
+"""Requests refused before any work is done: too many of them (Flask-Limiter, counted in Redis), and input
+that no database column can store (PostgreSQL rejects NUL in text)."""
+
+import time
+
+from flask import Flask, Response, current_app, render_template, request
+from flask_limiter import RateLimitExceeded
+from flask_limiter.util import get_remote_address
+from flask_login import current_user
+
+from webapp.extensions import limiter
+
+UNSTORABLE = "\x00"
+
+
+def init_app(app: Flask) -> None:
+    app.config.setdefault("RATELIMIT_STORAGE_URI", storage_uri(app.config["REDIS_URL"]))
+    app.config.setdefault("RATELIMIT_KEY_PREFIX", "cairn")
+    app.config.setdefault("RATELIMIT_HEADERS_ENABLED", True)
+    limiter.init_app(app)
+    app.before_request(_refuse_unstorable)
+    app.register_error_handler(RateLimitExceeded, _too_many)
+
+
+def storage_uri(redis_url: str) -> str:
+    """The limits library's URI for the app's Redis (the embedded one listens on a unix socket)."""
+    if redis_url.startswith("unix://"):
+        return "redis+unix://" + redis_url.removeprefix("unix://")
+    return redis_url
+
+
+def user_key() -> str:
+    """Limits per signed-in user; an anonymous request is counted by its address."""
+    if current_user.is_authenticated:
+        return f"user:{current_user.get_id()}"
+    return f"address:{get_remote_address()}"
+
+
+# Posts, agent triggers and retries each cost model calls: one budget per user for all of them.
+replies_limit = limiter.shared_limit(
+    lambda: current_app.config["RATE_LIMIT_REPLIES"],
+    scope="replies",
+    key_func=user_key,
+    error_message="You are asking the agents too often.",
+)
+
+
+def login_email_key() -> str:
+    return "email:" + request.form.get("email", "").strip().lower()[:254]
+
+
+def address_key() -> str:
+    return f"address:{get_remote_address()}"
+
+
+def seconds_until_allowed() -> int:
+    """How long until the limit just exceeded lets the next request through."""
+    current = limiter.current_limit
+    return max(1, round(current.reset_at - time.time())) if current else 60
+
+
+def notice(text: str, status: int) -> Response:
+    """A message in the page's notice area, shown by htmx even with an error status (see base.html)."""
+    response = Response(render_template("_notice.html", text=text), status=status)
+    response.headers.update({"HX-Retarget": "#notice", "HX-Reswap": "outerHTML"})
+    return response
+
+
+def limit_message(error: RateLimitExceeded) -> str:
+    """The limit's own message and when to try again."""
+    wait = seconds_until_allowed()
+    when = f"{wait} seconds" if wait < 120 else f"{round(wait / 60)} minutes"
+    return f"{error.description} Try again in {when}."
+
+
+def _too_many(error: RateLimitExceeded) -> Response:
+    response = notice(limit_message(error), 429)
+    response.headers["Retry-After"] = str(seconds_until_allowed())
+    return response
+
+
+def _refuse_unstorable() -> Response | None:
+    """A NUL byte anywhere in the query or form would fail the database write (PostgreSQL), so refuse it."""
+    for source in (request.args, request.form):
+        for key, value in source.items(multi=True):
+            if UNSTORABLE in key or UNSTORABLE in value:
+                return notice(
+                    "Your input contains a NUL character, which Cairn cannot store. Remove it.", 422
+                )
+    return None
