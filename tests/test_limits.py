@@ -165,3 +165,32 @@ def test_an_out_of_range_id_in_a_form_is_a_404(client, signed_in, ada):
     chat = factories.chat(signed_in.account, [ada])
     for value in (2**31, 2**63, 10**30):
         assert client.post(f"/chats/{chat.id}/agents", data={"agent_id": str(value)}).status_code == 404
+
+
+def test_behind_a_trusted_proxy_the_forwarded_address_is_counted(app, admin):
+    proxied = create_app({**_settings(app.config["SQLALCHEMY_DATABASE_URI"], ""), "TRUSTED_PROXY_HOPS": 1})
+    proxied.config["RATE_LIMIT_LOGIN_PER_ADDRESS"] = "2 per 15 minutes"
+    client = proxied.test_client()
+
+    def attempt(forwarded_for: str) -> int:
+        data = {"email": f"x{forwarded_for}@example.com", "password": "wrong"}
+        return client.post("/login", data=data, headers={"X-Forwarded-For": forwarded_for}).status_code
+
+    assert [attempt("203.0.113.1") for _ in range(3)] == [422, 422, 429]
+    assert attempt("203.0.113.2") == 422  # another client behind the same proxy
+
+
+def test_while_redis_is_down_sign_in_still_works_and_is_still_limited(app, admin, member, fake_llm, tmp_path):
+    settings = {**_settings(app.config["SQLALCHEMY_DATABASE_URI"], fake_llm.base_url)}
+    settings["REDIS_URL"] = f"unix://{tmp_path}/gone.sock"  # no server there
+    del settings["RATELIMIT_STORAGE_URI"]
+    down = create_app(settings)
+    down.config["RATE_LIMIT_LOGIN_PER_ACCOUNT"] = "2 per 15 minutes"
+    client = down.test_client()
+    with down.app_context():
+        statuses = [_sign_in(client, admin.email, "wrong").status_code for _ in range(3)]
+        signed_in = _sign_in(client, member.email, factories.PASSWORD).status_code
+        db.session.remove()
+        db.engine.dispose()
+    assert statuses == [422, 422, 429]  # counted in this process's memory meanwhile
+    assert signed_in == 303

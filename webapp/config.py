@@ -103,4 +103,6 @@ def load(instance_path: str) -> dict:
         "RATE_LIMIT_REPLIES": os.environ.get("RATE_LIMIT_REPLIES", "20 per minute; 300 per hour"),
         "RATE_LIMIT_LOGIN_PER_ACCOUNT": os.environ.get("RATE_LIMIT_LOGIN_PER_ACCOUNT", "10 per 15 minutes"),
         "RATE_LIMIT_LOGIN_PER_ADDRESS": os.environ.get("RATE_LIMIT_LOGIN_PER_ADDRESS", "30 per 15 minutes"),
+        # Proxies in front of gunicorn that set X-Forwarded-For/-Proto/-Host (0: the connection is the client).
+        "TRUSTED_PROXY_HOPS": _int("TRUSTED_PROXY_HOPS", 0),
     }

@@ -7,6 +7,7 @@ from flask import Flask, Response, current_app, render_template, request
 from flask_limiter import RateLimitExceeded
 from flask_limiter.util import get_remote_address
 from flask_login import current_user
+from werkzeug.middleware.proxy_fix import ProxyFix
 
 from webapp.extensions import limiter
 
@@ -14,9 +15,16 @@ UNSTORABLE = "\x00"
 
 
 def init_app(app: Flask) -> None:
+    hops = app.config["TRUSTED_PROXY_HOPS"]
+    if hops:  # behind a proxy, the client's address is in X-Forwarded-For, not the connection's
+        app.wsgi_app = ProxyFix(app.wsgi_app, x_for=hops, x_proto=hops, x_host=hops)
     app.config.setdefault("RATELIMIT_STORAGE_URI", storage_uri(app.config["REDIS_URL"]))
     app.config.setdefault("RATELIMIT_KEY_PREFIX", "cairn")
+    app.config.setdefault("RATELIMIT_STORAGE_OPTIONS", {"socket_connect_timeout": 2, "socket_timeout": 2})
     app.config.setdefault("RATELIMIT_HEADERS_ENABLED", True)
+    # While Redis is down, count in this process's memory rather than refuse every post and sign-in.
+    app.config.setdefault("RATELIMIT_IN_MEMORY_FALLBACK_ENABLED", True)
+    app.config.setdefault("RATELIMIT_SWALLOW_ERRORS", True)
     limiter.init_app(app)
     app.before_request(_refuse_unstorable)
     app.register_error_handler(RateLimitExceeded, _too_many)
