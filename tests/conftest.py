@@ -14,12 +14,13 @@ import pytest
 import sqlalchemy as sa
 from flask_migrate import upgrade
 from redis import Redis
-from rq import Queue
+from rq import Queue, Worker
 
 from tests.fake_llm import FakeLLM
 from webapp import create_app
 from webapp.extensions import db
 from webapp.processes import redis_server_argv
+from webapp.queue import redis_connection
 
 POSTGRES_URL = os.environ.get("TEST_DATABASE_URL")
 
@@ -216,6 +217,8 @@ def worker_process(live_app):
     """A real RQ worker (python worker.py) running until the test ends."""
     root = Path(__file__).resolve().parent.parent
     worker = subprocess.Popen([sys.executable, "worker.py"], cwd=root, env=worker_env(live_app))
+    # Ready once it has loaded what jobs need and registered with redis (seconds on a busy machine).
+    wait_for(lambda: Worker.count(connection=redis_connection()) > 0, what="the worker to start")
     yield worker
     worker.terminate()
     worker.wait(20)
