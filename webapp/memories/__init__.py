@@ -4,4 +4,4 @@ from flask import Blueprint
 
 bp = Blueprint("memories", __name__, url_prefix="/admin")
 
-from webapp.memories import audit, ledger, runs, sessions  # noqa: E402, F401  (their routes join bp)
+from webapp.memories import audit, ledger, provenance, runs, sessions  # noqa: E402, F401  (their routes join bp)

@@ -21,6 +21,7 @@ from webapp.auth import admin_required, owned_or_404
 from webapp.extensions import db
 from webapp.memories import bp
 from webapp.memories.common import answer, memory_or_404, page_number, page_of, render_page
+from webapp.memories.provenance import origins_for
 from webapp.memories.runs import KINDS
 from webapp.memory_ledger import record_change
 from webapp.models import Agent, AgentMemory
@@ -147,6 +148,7 @@ def _ledger_context(agent: Agent) -> dict[str, Any]:
     page, now = page_number(), utcnow()
     context = dict(agent=agent, show=show, q=q, page=page, now=now, filters=FILTERS)
     context["memories"], context["has_more"] = page_of(_listed(agent.id, show, q, now), page)
+    context["origins"] = origins_for(context["memories"])
     context["counts"] = _counts(agent.id, now)
     return context
 
@@ -202,7 +204,8 @@ def _add_form_error(agent: Agent, form: AddForm):
 @admin_required
 def memory(memory_id: int):
     """One memory's row (what Cancel brings back)."""
-    return render_template("memories/_memory.html", memory=memory_or_404(memory_id), now=utcnow())
+    found = memory_or_404(memory_id)
+    return render_template("memories/_memory.html", memory=found, now=utcnow(), origins=origins_for([found]))
 
 
 def _edit_form(memory: AgentMemory, **kwargs: Any) -> EditForm:
@@ -294,10 +297,11 @@ def _ledger_url(memory: AgentMemory) -> str:
 def _changed(memory: AgentMemory, done: str, **extra: Any):
     """The memory's new row and the token bar out of band; a plain form post goes back to the ledger."""
     context = dict(memory=memory, now=utcnow(), tokens=_core_tokens(memory.agent), agent=memory.agent)
+    context["origins"] = origins_for([memory])
     return answer("memories/_changed.html", 200, _ledger_url(memory), done, **context, **extra)
 
 
 def _refused(memory: AgentMemory, error: str):
     """The row again with the reason the change was refused."""
-    context = dict(memory=memory, now=utcnow(), error=error)
+    context = dict(memory=memory, now=utcnow(), error=error, origins=origins_for([memory]))
     return answer("memories/_memory.html", 422, _ledger_url(memory), error, **context)
