@@ -16,6 +16,16 @@ from webapp.extensions import db
 TERM = re.compile(r"[^\W_]+")
 MAX_TERMS = 16
 TABLES = ("agent_memories", "messages")
+# Words nearly every text has: they would match most rows and rank nothing. PostgreSQL's 'english'
+# configuration drops the same kind of words; FTS5 has no such list, so both get this one.
+STOP_WORDS = frozenset(
+    "a about after again all am an and any are as at be because been before being between both but by can "
+    "did do does doing down during each few for from further had has have having he her here hers him his "
+    "how i if in into is it its just me more most my no nor not now of off on once only or other our ours "
+    "out over own same she should so some such than that the their theirs them then there these they this "
+    "those through to too under until up very was we were what when where which while who whom why will "
+    "with you your yours".split()
+)
 
 
 class Match(Enum):
@@ -24,8 +34,8 @@ class Match(Enum):
 
 
 def terms(text: str) -> list[str]:
-    """The searchable words of text (letters and digits), lowercased, at most MAX_TERMS."""
-    return TERM.findall(text.casefold())[:MAX_TERMS]
+    """The searchable words of text (letters and digits, no stop words), lowercased, at most MAX_TERMS."""
+    return [w for w in TERM.findall(text.casefold()) if w not in STOP_WORDS][:MAX_TERMS]
 
 
 def ranked(table: str, text: str, match: Match) -> sa.Subquery | None:
