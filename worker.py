@@ -4,6 +4,7 @@ import sys
 
 import sqlalchemy as sa
 from flask import Flask
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from rq import Worker
 
 from webapp import create_app, jobs, prompts, tokens
@@ -27,11 +28,13 @@ class AppWorker(Worker):
 def preload(app: Flask) -> None:
     """Load once, in the parent, what every job would otherwise load again in its freshly forked work horse:
     the tokenizer (over a second), the job modules, the prompt templates, the model client's API classes and
-    the ORM mappers. Nothing here opens a database connection, which a fork must not share."""
+    response validators, and the ORM mappers. Nothing here opens a connection, which a fork must not share."""
     tokens.encoder()
     jobs.load_all()
     prompts.compile_all()
     _ = app.extensions["llm_client"].chat.completions  # the openai SDK imports its resources on first use
+    for response_type in (ChatCompletion, ChatCompletionChunk):  # pydantic builds validators on first use
+        response_type.model_rebuild(force=True)
     sa.orm.configure_mappers()
 
 
