@@ -48,6 +48,8 @@ def _fill(chats: int, messages: int) -> None:
             for _ in range(min(BATCH, messages - start))
         ]  # fmt: skip
         db.session.execute(sa.insert(Message), rows)
+    last = sa.select(sa.func.max(Message.created_at)).where(Message.chat_id == Chat.id).scalar_subquery()
+    db.session.execute(sa.update(Chat).values(last_message_at=sa.func.coalesce(last, Chat.created_at)))
     db.session.commit()
 
 

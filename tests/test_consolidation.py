@@ -357,3 +357,33 @@ def test_a_second_run_that_read_the_same_cursor_saves_nothing(group_chat, ada, f
 
     assert _memories(ada) == [("journal", "a paraphrase the hash check would miss")]
     assert _cursor(group_chat, ada) == through
+
+
+# An agent added later (issue 12, item 10)
+
+
+def test_an_agent_added_later_remembers_only_what_was_said_after_it_joined(
+    client, signed_in, group_chat, ada, fake_llm
+):
+    celia = factories.agent(signed_in.account, "Celia")
+    client.post(f"/chats/{group_chat.id}/agents", data={"agent_id": celia.id})
+    factories.message(group_chat, "Celia, I planted tulips today.", author=signed_in)
+    for model in ("ada-model", "basil-model", "celia-model"):
+        fake_llm.reply(_extraction(journal=[f"{model} remembers"]), model=model)
+
+    consolidate_chat(group_chat.id, force=True)
+
+    prompts = {r["model"]: r["messages"][0]["content"] for r in fake_llm.requests}
+    assert "Hello agents!" in prompts["ada-model"] and "tulips" in prompts["ada-model"]
+    assert "Hello agents!" not in prompts["celia-model"] and "tulips" in prompts["celia-model"]
+    assert "Celia joined the conversation." in prompts["celia-model"]
+    assert _memories(celia) == [("journal", "celia-model remembers")]
+
+
+def test_an_agent_added_to_a_chat_without_messages_starts_from_the_first(client, signed_in, ada):
+    chat = factories.chat(signed_in.account, [ada], manual=True)
+    celia = factories.agent(signed_in.account, "Celia")
+
+    client.post(f"/chats/{chat.id}/agents", data={"agent_id": celia.id})
+
+    assert _cursor(chat, celia) is None

@@ -85,7 +85,7 @@ def test_the_block_lists_other_conversations_by_opaque_id_and_title(admin, here,
     untitled = factories.chat(admin.account, [ada], "")
     factories.summary(roses, ada, "Choosing a rose for the north wall.\nPending: soil test.")
     factories.summary(untitled, ada, "Dana's tomatoes have blight.")
-    untitled.updated_at = utcnow() - timedelta(hours=1)
+    untitled.last_message_at = utcnow() - timedelta(hours=1)
     db.session.commit()
     factories.memory(ada, "I love roses.")
 
@@ -278,7 +278,7 @@ def test_the_panel_leaves_out_discarded_old_and_other_accounts_chats(
     discarded.discarded_at = utcnow()
     old = factories.chat(admin.account, [ada], "Last week")
     factories.summary(old, ada, "Long ago.")
-    old.updated_at = utcnow() - timedelta(days=7)
+    old.last_message_at = utcnow() - timedelta(days=7)
     db.session.commit()
     foreign = factories.chat(stranger.account, [ada, factories.agent(stranger.account, "Mallory")], "Globex")
     factories.summary(foreign, ada, "Globex plans.")

@@ -1,11 +1,15 @@
 """Prompt assembly: system prompt, transcript, then memory, time and participants; only active memory."""
 
+import json
 from datetime import timedelta
 
 import time_machine
 
 from tests import factories
 from webapp.extensions import db
+from webapp.jobs.replies import request_replies, respond
+from webapp.jobs.summaries import summarize
+from webapp.models import ChatAgent
 from webapp.prompt import TRUNCATION_NOTE, build_messages
 from webapp.timeutil import utcnow
 
@@ -115,3 +119,35 @@ def test_prompt_assembly_uses_a_constant_number_of_queries(admin, app):
         return counted.count
 
     assert queries_for(5) == queries_for(200)
+
+
+def test_no_model_sees_an_untitled_chats_database_id(admin, fake_llm):
+    """One model-facing title: the reply prompt's Now block, the other-conversations list, the summary prompt and
+    the borrow tool's answer all call an untitled chat "Untitled conversation" (DESIGN.md 5.2)."""
+    ada = factories.agent(admin.account, "Ada", enabled_tools=["save_memory", "borrow_context"])
+    for _ in range(40):
+        factories.chat(admin.account, [ada])  # ids that no date or count in a prompt could stand for
+    here, there = factories.chat(admin.account, [ada]), factories.chat(admin.account, [ada])
+    factories.message(there, "Roses need sun.", author=admin)
+    db.session.get(ChatAgent, there.chat_agents[0].id).agent_summary = "Roses."
+    factories.message(here, "Hello", author=admin)
+    [reply] = request_replies(here, [ada])
+    db.session.commit()
+    fake_llm.reply(tool_calls=[("borrow_context", {"conversation_id": there.public_id})])
+    fake_llm.reply("Done.")
+    fake_llm.reply("Dana says hello.\nAda listens.")
+
+    respond([reply.id])
+    summarize(here.id, ada.id)
+
+    reply_prompt, after_tool, summary_prompt = fake_llm.requests
+    now_block = reply_prompt["messages"][-1]["content"].split("# Now")[1]
+    assert "Conversation: Untitled conversation" in now_block
+    assert f'[{there.public_id}] "Untitled conversation"' in reply_prompt["messages"][-1]["content"]
+    assert (
+        'Context from "Untitled conversation"' in json.loads(after_tool["messages"][-1]["content"])["message"]
+    )
+    assert 'Conversation: "Untitled conversation"' in summary_prompt["messages"][-1]["content"]
+    for request in (reply_prompt, after_tool, summary_prompt):
+        text = json.dumps(request)
+        assert f"Conversation {here.id}" not in text and f"Conversation {there.id}" not in text

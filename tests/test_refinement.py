@@ -231,6 +231,37 @@ def test_the_mutation_cap_holds(agent):
     assert session.run({"action": "search", "query": "short"})["count"] == 2  # reading is still allowed
 
 
+def test_the_cap_counts_memories_not_calls(agent):
+    memories = [factories.memory(agent, f"memory number {i}") for i in range(20)]
+    ids = [str(m.id) for m in memories]
+    session = _session(agent, max_mutations=10, floor=0)
+
+    too_many = session.run({"action": "delete", "ids": ",".join(ids[:14])})
+    deleted = session.run({"action": "delete", "ids": ",".join(ids[:4])})
+    merged = session.run({"action": "consolidate", "ids": ",".join(ids[4:9]), "content": "five in one"})
+    over = session.run({"action": "delete", "ids": ",".join(ids[9:11])})
+    last = session.run({"action": "update", "id": ids[9], "content": "the tenth change"})
+    after = session.run({"action": "protect", "id": ids[10]})
+
+    assert too_many["type"] == "error" and "would change 14 memories" in too_many["error"]
+    assert (deleted["type"], merged["type"], last["type"]) == ("deleted", "consolidated", "updated")
+    assert over["type"] == "error" and "1 are left" in over["error"] and "would change 2" in over["error"]
+    assert after["type"] == "error" and "at most 10 changes" in after["error"]
+    assert session.mutations == 10
+    assert len(db.session.scalars(active_memories(agent.id)).all()) == 20 - 4 - 5 + 1
+
+
+def test_the_refinement_prompt_says_the_cap_counts_memories(agent, fake_llm):
+    factories.memory(agent, "A memory that is long enough to put the agent over its small budget " * 3)
+    fake_llm.reply(tool_calls=[("refine_memory", {"action": "complete", "summary": "nothing"})])
+
+    refine_agent(agent.id, force=True)
+
+    prompt = fake_llm.requests[0]["messages"][0]["content"]
+    assert "change at most 10 memories in this session" in prompt
+    assert "deleting or merging several memories counts each one" in prompt
+
+
 def test_complete_writes_the_summary_journal_and_stamps_the_agent(agent):
     factories.memory(agent, "x")
     session = _session(agent)

@@ -110,8 +110,8 @@ def test_other_conversation_summaries_lists_the_other_active_chats_newest_first(
     factories.summary(here, ada, "This chat.")
     factories.summary(older, ada, "Older state.")
     factories.summary(newer, ada, "Newer state.")
-    older.updated_at = utcnow() - timedelta(hours=2)
-    newer.updated_at = utcnow() - timedelta(hours=1)
+    older.last_message_at = utcnow() - timedelta(hours=2)
+    newer.last_message_at = utcnow() - timedelta(hours=1)
     db.session.commit()
 
     rows = ada.other_conversation_summaries(exclude_chat_id=here.id)
@@ -133,7 +133,7 @@ def test_other_conversation_summaries_leaves_out_old_discarded_and_blank(admin, 
     for chat in (kept, stale, discarded):
         factories.summary(chat, ada, f"About {chat.title}.")
     factories.summary(blank, ada, "   ")
-    stale.updated_at = utcnow() - timedelta(hours=6, minutes=1)
+    stale.last_message_at = utcnow() - timedelta(hours=6, minutes=1)
     discarded.discarded_at = utcnow()
     db.session.commit()
 
@@ -369,7 +369,7 @@ def backfill_chats(admin, ada, basil):
     done = _conversation(admin, [ada], "Done")
     factories.summary(done, ada, "Already summarized.")
     old = _conversation(admin, [ada], "Old")
-    old.updated_at = utcnow() - timedelta(hours=7)
+    old.last_message_at = utcnow() - timedelta(hours=7)
     db.session.commit()
     return missing
 

@@ -79,7 +79,7 @@ def index():
         .options(selectinload(Chat.agents))
         .where(Chat.account_id == current_user.account_id)
         .where(Chat.discarded_at.is_not(None) if discarded else Chat.discarded_at.is_(None))
-        .order_by(Chat.updated_at.desc())
+        .order_by(Chat.last_message_at.desc(), Chat.id.desc())
     ).all()
     template = "chats/_list.html" if request.headers.get("HX-Target") == "chat-list" else "chats/index.html"
     response = Response(render_template(template, chats=chats, discarded=discarded))
@@ -302,7 +302,7 @@ def add_agent(chat_id: int):
     agent = owned_or_404(Agent, request.form.get("agent_id", type=int) or 0)
     if agent in chat.agents:
         return _notice(f"{agent.name} is already in this chat.", 422)
-    db.session.add(ChatAgent(chat=chat, agent=agent))
+    chat.add_agent(agent)
     chat.manual_responses = True
     chat.add_message(role="system", content=f"{agent.name} joined the conversation.", status="done")
     db.session.commit()

@@ -282,5 +282,5 @@ def _now_section(chat: Chat, agent: Agent, now: datetime) -> str:
     participants = agents + [f"{u.display_name} (person)" for u in people]
     return (
         f"# Now\n\nCurrent time: {now:%Y-%m-%d %H:%M} UTC\n"
-        f"Conversation: {chat.display_title}\nParticipants: {', '.join(participants)}"
+        f"Conversation: {chat.model_title}\nParticipants: {', '.join(participants)}"
     )

@@ -16,7 +16,7 @@ summaries_cli = AppGroup("summaries", help="Agents' summaries of their conversat
 
 
 def _missing(agent_id: int | None) -> list[ChatAgent]:
-    """Agents' rows in active chats (not discarded, updated within 6 hours) that have no summary yet."""
+    """Agents' rows in active chats (not discarded, a message within 6 hours) that have no summary yet."""
     query = (
         sa.select(ChatAgent)
         .join(Chat, Chat.id == ChatAgent.chat_id)
@@ -24,7 +24,7 @@ def _missing(agent_id: int | None) -> list[ChatAgent]:
         .where(
             sa.func.trim(sa.func.coalesce(ChatAgent.agent_summary, "")) == "",
             Chat.discarded_at.is_(None),
-            Chat.updated_at > utcnow() - ACTIVE_WINDOW,
+            Chat.last_message_at > utcnow() - ACTIVE_WINDOW,
             Agent.paused.is_(False),
         )
         .order_by(ChatAgent.id)

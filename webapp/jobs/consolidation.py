@@ -34,27 +34,15 @@ MEMORY_TYPES = ("journal", "core")
 
 
 def stale_chats_query(now: datetime, idle: timedelta) -> sa.Select:
-    """Group chats idle for `idle` that were never consolidated or have messages since: one query."""
-    latest = (
-        sa.select(
-            Message.chat_id,
-            sa.func.max(Message.id).label("last_id"),
-            sa.func.max(Message.created_at).label("last_at"),
-        )
-        .group_by(Message.chat_id)
-        .subquery()
-    )
+    """Group chats with no message for `idle` that have messages after their consolidation cursor: one query."""
+    last_id = sa.select(sa.func.max(Message.id)).where(Message.chat_id == Chat.id).scalar_subquery()
     return (
         sa.select(Chat.id)
-        .join(latest, latest.c.chat_id == Chat.id)
         .where(
             Chat.manual_responses.is_(True),
             Chat.discarded_at.is_(None),
-            latest.c.last_at <= now - idle,
-            sa.or_(
-                Chat.last_consolidated_message_id.is_(None),
-                Chat.last_consolidated_message_id < latest.c.last_id,
-            ),
+            Chat.last_message_at <= now - idle,
+            sa.func.coalesce(Chat.last_consolidated_message_id, 0) < last_id,
         )
         .order_by(Chat.id)
     )

@@ -90,7 +90,7 @@ def _generate(chat_agent: ChatAgent, recent: list[Message]) -> str:
     variables = {
         "identity": agent.identity(),
         "previous_summary": (chat_agent.agent_summary or "").strip(),
-        "conversation_title": chat.title_or_default,
+        "conversation_title": chat.model_title,
         "messages": [f"{m.author_name}: {m.excerpt(MESSAGE_CHARS)}" for m in recent],
     }
     messages = [

@@ -19,7 +19,7 @@ OTHER_CONVERSATIONS_LIMIT = 10
 
 class Chat(db.Model):
     __tablename__ = "chats"
-    __table_args__ = (sa.Index("ix_chats_account_id_updated_at", "account_id", "updated_at"),)
+    __table_args__ = (sa.Index("ix_chats_account_id_last_message_at", "account_id", "last_message_at"),)
 
     id: Mapped[int] = mapped_column(primary_key=True)
     account_id: Mapped[int] = mapped_column(sa.ForeignKey("accounts.id"))
@@ -39,6 +39,10 @@ class Chat(db.Model):
     transcript_token_budget: Mapped[int | None]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+    # Activity means a new message: set when one is added (the creation time until then), never by the jobs
+    # that write the chat (consolidation, compaction). The chat list, the consolidation finder and the
+    # other-conversations window go by it.
+    last_message_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     chat_agents: Mapped[list["ChatAgent"]] = relationship(
         back_populates="chat", order_by="ChatAgent.id", cascade="all, delete-orphan"
@@ -49,6 +53,7 @@ class Chat(db.Model):
 
     @property
     def display_title(self) -> str:
+        """The title people see in the app (models see model_title)."""
         return self.title or f"Conversation {self.id}"
 
     @property
@@ -61,8 +66,8 @@ class Chat(db.Model):
         return public_ids.encode(self.id)
 
     @property
-    def title_or_default(self) -> str:
-        """The title, or a placeholder that does not reveal the database id."""
+    def model_title(self) -> str:
+        """The one title every model sees: the chat's own, or a placeholder that never reveals the database id."""
         return self.title or "Untitled conversation"
 
     def mentioned_agents(self, text: str) -> list[Agent]:
@@ -75,11 +80,18 @@ class Chat(db.Model):
                 found.append((match.start(), agent))
         return [agent for _, agent in sorted(found, key=lambda pair: pair[0])]
 
+    def add_agent(self, agent: Agent) -> "ChatAgent":
+        """Add an agent that joins now: its memories come only from messages after it joined."""
+        joined_after = db.session.scalar(sa.select(sa.func.max(Message.id)).where(Message.chat_id == self.id))
+        link = ChatAgent(chat=self, agent=agent, last_consolidated_message_id=joined_after)
+        db.session.add(link)
+        return link
+
     def add_message(self, **fields: Any) -> "Message":
         """Add a message to the chat and mark the chat as active now."""
         message = Message(chat=self, **fields)
         db.session.add(message)
-        self.updated_at = utcnow()
+        self.last_message_at = utcnow()
         return message
 
 
@@ -175,12 +187,12 @@ class Message(db.Model):
 def other_conversations(account_id: int, agent_ids: list[int], exclude_chat_id: int) -> sa.Select:
     """The agents' summaries of their other active chats, newest first: one query for any number of agents.
 
-    Active: in the account, not discarded, updated within ACTIVE_WINDOW, with a non-blank summary. Each agent
+    Active: in the account, not discarded, a message within ACTIVE_WINDOW, with a non-blank summary. Each agent
     gets at most ten rows (a window function keeps the query single).
     """
     rank = (
         sa.func.row_number()
-        .over(partition_by=ChatAgent.agent_id, order_by=(Chat.updated_at.desc(), Chat.id.desc()))
+        .over(partition_by=ChatAgent.agent_id, order_by=(Chat.last_message_at.desc(), Chat.id.desc()))
         .label("rank")
     )
     ranked = (
@@ -192,7 +204,7 @@ def other_conversations(account_id: int, agent_ids: list[int], exclude_chat_id: 
             sa.func.trim(sa.func.coalesce(ChatAgent.agent_summary, "")) != "",
             Chat.account_id == account_id,
             Chat.discarded_at.is_(None),
-            Chat.updated_at > utcnow() - ACTIVE_WINDOW,
+            Chat.last_message_at > utcnow() - ACTIVE_WINDOW,
         )
         .subquery()
     )
@@ -202,5 +214,5 @@ def other_conversations(account_id: int, agent_ids: list[int], exclude_chat_id: 
         .join(ChatAgent.chat)
         .options(contains_eager(ChatAgent.chat))
         .where(ranked.c.rank <= OTHER_CONVERSATIONS_LIMIT)
-        .order_by(ChatAgent.agent_id, Chat.updated_at.desc(), Chat.id.desc())
+        .order_by(ChatAgent.agent_id, Chat.last_message_at.desc(), Chat.id.desc())
     )

@@ -42,7 +42,7 @@ def borrow_context(context: ToolContext, conversation_id: str) -> dict[str, Any]
     db.session.commit()
     return {
         "success": True,
-        "message": f'Context from "{source.title_or_default}" will be included in your system prompt for '
+        "message": f'Context from "{source.model_title}" will be included in your system prompt for '
         "your next response in this conversation.",
         "message_count": len(recent),
     }

@@ -59,12 +59,16 @@ class RefinementSession:
     stats: dict[str, int] = field(
         default_factory=lambda: {"consolidated": 0, "updated": 0, "deleted": 0, "protected": 0}
     )
-    mutations: int = 0
     status: str = "running"  # then: complete, rolled_back (or incomplete, set by the job)
 
     @property
     def finished(self) -> bool:
         return self.status != "running"
+
+    @property
+    def mutations(self) -> int:
+        """Memories changed so far: a delete or merge of 14 memories is 14 changes, not one call."""
+        return sum(self.stats.values())
 
     def run(self, arguments: dict[str, Any]) -> dict[str, Any]:
         """Execute one tool call; errors come back as results the model can read."""
@@ -73,18 +77,31 @@ class RefinementSession:
         action = str(arguments.get("action", ""))
         if action not in ACTIONS:
             return _error(f"Invalid action '{action}'")
-        if action in MUTATIONS and self.mutations >= self.max_mutations:
-            return _error(f"This session allows at most {self.max_mutations} changes; call complete now.")
         params = {k: str(v) for k, v in arguments.items() if k != "action" and v is not None}
         try:
+            if action in MUTATIONS and (refusal := self._over_cap(action, params)):
+                return refusal
             result = getattr(self, f"_{action}")(**params)
         except (ValueError, TypeError) as error:  # bad parameters or content the model itself rejects
             db.session.rollback()
             return _error(str(error))
         if action in MUTATIONS and result.get("type") != "error":
-            self.mutations += 1
             return self._check_floor() or result
         return result
+
+    def _over_cap(self, action: str, params: dict[str, str]) -> dict[str, Any] | None:
+        """The refusal when the call would change more memories than the session has left; else None."""
+        left = self.max_mutations - self.mutations
+        listed = params.get("ids", "").strip() or params.get("id", "")
+        wanted = len(set(_ids(listed))) if action in ("consolidate", "delete") else 1
+        if wanted <= left:
+            return None
+        if left <= 0:
+            return _error(f"This session allows at most {self.max_mutations} changes; call complete now.")
+        return _error(
+            f"This session allows at most {self.max_mutations} changes and {left} are left; this call would "
+            f"change {wanted} memories. Change fewer, or call complete."
+        )
 
     def pages(self) -> list[list[AgentMemory]]:
         """The agent's core memories, oldest first, in pages within the page budget."""
