@@ -62,14 +62,16 @@ def _empty_database(tmp_path) -> str:
     """A database of its own for migration tests: a new SQLite file, or an emptied PostgreSQL scratch database."""
     if not POSTGRES_URL:
         return f"sqlite:///{tmp_path}/scratch.db"
-    server = sa.create_engine(POSTGRES_URL.rsplit("/", 1)[0] + "/postgres", isolation_level="AUTOCOMMIT")
+    base, test_db = POSTGRES_URL.rsplit("/", 1)
+    scratch_db = f"{test_db}_scratch"  # one per test database, so checkouts sharing a server do not collide
+    server = sa.create_engine(base + "/postgres", isolation_level="AUTOCOMMIT")
     with server.connect() as conn:
         if not conn.execute(
-            sa.text("SELECT 1 FROM pg_database WHERE datname = 'cairn_test_scratch'")
+            sa.text("SELECT 1 FROM pg_database WHERE datname = :name"), {"name": scratch_db}
         ).scalar():
-            conn.execute(sa.text("CREATE DATABASE cairn_test_scratch"))
+            conn.execute(sa.text(f'CREATE DATABASE "{scratch_db}"'))
     server.dispose()
-    url = POSTGRES_URL.rsplit("/", 1)[0] + "/cairn_test_scratch"
+    url = f"{base}/{scratch_db}"
     scratch = sa.create_engine(url)
     with scratch.begin() as conn:
         conn.execute(sa.text("DROP SCHEMA public CASCADE; CREATE SCHEMA public"))

@@ -64,17 +64,15 @@ def test_a_run_shows_status_duration_tokens_and_error(client, signed_in, ada, st
     assert "Run again" in row
 
 
-def test_a_run_across_accounts_counts_only_this_accounts_tokens(client, signed_in, ada, stranger):
-    finder = factories.job_run(None, "reflect", counts={"agents": 2})
+def test_a_run_with_no_account_is_shown_to_no_tenant_and_cannot_be_run_again(client, signed_in, ada):
+    finder = factories.job_run(None, "consolidate", status="failed", args=[1], error="finder-secret")
     factories.llm_call(ada, job_run_id=finder.id, prompt_tokens=100, completion_tokens=10)
-    factories.llm_call(
-        factories.agent(stranger.account, "Mallory"), job_run_id=finder.id, prompt_tokens=9_999
-    )
 
-    row = _row(client.get("/admin/jobs").text, finder)
+    html = client.get("/admin/jobs").text
+    rerun = client.post(f"/admin/jobs/{finder.id}/rerun", headers=HTMX)
 
-    assert "all accounts" in row and "100 / 10" in row and "9,999" not in row and "10,099" not in row
-    assert "agents: 2" in row
+    assert _run_ids(html) == [] and "finder-secret" not in html
+    assert rerun.status_code == 404 and rq_queue().get_jobs() == []
 
 
 def test_another_accounts_runs_never_appear(client, signed_in, stranger):

@@ -229,9 +229,8 @@ def index():
 
 
 def _visible_runs() -> sa.Select:
-    """Runs of this account, and runs across accounts (such as the schedulers' finders)."""
-    mine = sa.or_(JobRun.account_id == current_user.account_id, JobRun.account_id.is_(None))
-    return sa.select(JobRun).where(mine)
+    """Runs of this account only: a run with no account (the schedulers' finders, ping) belongs to no tenant."""
+    return sa.select(JobRun).where(JobRun.account_id == current_user.account_id)
 
 
 def _job_filters() -> dict[str, str]:

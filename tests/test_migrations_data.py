@@ -1,0 +1,45 @@
+"""Migrations that fill in data on a database already in use: chats' last_message_at, job_runs' account."""
+
+import sqlalchemy as sa
+
+from tests.test_cli import _empty_database, flask
+
+ROWS = [
+    "INSERT INTO accounts (id, name, created_at) VALUES (1, 'Acme', '2026-01-01'), (2, 'Globex', '2026-01-01')",
+    "INSERT INTO agents (id, account_id, name, system_prompt, model_id, enabled_tools, core_token_budget, paused, "
+    "created_at, updated_at) VALUES (5, 2, 'Ada', '', 'm', '[]', 5000, false, '2026-01-01', '2026-01-01')",
+    "INSERT INTO chats (id, account_id, title, manual_responses, memory_doc, created_at, updated_at) VALUES "
+    "(3, 1, 'Busy', true, '', '2026-01-01 08:00:00', '2026-03-01 00:00:00'), "
+    "(4, 2, 'Empty', true, '', '2026-01-02 08:00:00', '2026-03-01 00:00:00')",
+    "INSERT INTO messages (id, chat_id, role, content, status, created_at, updated_at) VALUES "
+    "(7, 3, 'user', 'a', 'done', '2026-02-01 10:00:00', '2026-02-01 10:00:00'), "
+    "(8, 3, 'user', 'b', 'done', '2026-02-02 11:00:00', '2026-02-02 11:00:00')",
+    "INSERT INTO job_runs (id, job_type, target, args, status, started_at, counts) VALUES "
+    "(1, 'consolidate', 'chat:3', '[3]', 'done', '2026-02-03', '{}'), "
+    "(2, 'reflect', 'agent:5', '[5]', 'failed', '2026-02-03', '{}'), "
+    "(3, 'summarize', 'chat:4 agent:5', '[4, 5]', 'done', '2026-02-03', '{}'), "
+    "(4, 'reply', 'messages:8,7', '[[8, 7]]', 'failed', '2026-02-03', '{}'), "
+    "(5, 'consolidate_finder', NULL, '[]', 'done', '2026-02-03', '{}'), "
+    "(6, 'consolidate', 'chat:999', '[999]', 'failed', '2026-02-03', '{}'), "
+    "(7, 'reply', 'messages:oops', '[]', 'failed', '2026-02-03', '{}')",
+]
+
+
+def test_upgrading_fills_in_last_message_at_and_job_run_accounts(tmp_path):
+    url = _empty_database(tmp_path)
+    env = {"DATABASE_URL": url}
+    assert flask("db", "upgrade", "4b521acc2bf4", env=env).returncode == 0
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        for statement in ROWS:
+            conn.execute(sa.text(statement))
+
+    result = flask("db", "upgrade", env=env)
+
+    assert result.returncode == 0, result.stderr
+    with engine.connect() as conn:
+        last = dict(conn.execute(sa.text("SELECT id, last_message_at FROM chats")).all())
+        accounts = dict(conn.execute(sa.text("SELECT id, account_id FROM job_runs")).all())
+    engine.dispose()
+    assert {k: str(v)[:19] for k, v in last.items()} == {3: "2026-02-02 11:00:00", 4: "2026-01-02 08:00:00"}
+    assert accounts == {1: 1, 2: 2, 3: 2, 4: 1, 5: None, 6: None, 7: None}
