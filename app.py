@@ -1,3 +1,6 @@
-from webapp import create_app
+from webapp import config, create_app
 
-app = create_app()
+try:
+    app = create_app()
+except config.ConfigError as error:
+    raise SystemExit(f"Cairn cannot start: {error}") from None

@@ -7,7 +7,7 @@ from flask import Flask
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from rq import Worker
 
-from webapp import create_app, jobs, prompts, tokens
+from webapp import config, create_app, jobs, prompts, tokens
 from webapp.extensions import db
 from webapp.queue import redis_connection, rq_queue, wait_for_redis
 
@@ -39,7 +39,10 @@ def preload(app: Flask) -> None:
 
 
 def main(argv: list[str]) -> None:
-    app = create_app()
+    try:
+        app = create_app()
+    except config.ConfigError as error:
+        raise SystemExit(f"Cairn cannot start: {error}") from None
     AppWorker.app = app
     preload(app)
     with app.app_context():

@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from webapp import config
+from tests.test_cli import flask
+from webapp import config, create_app
 from webapp.processes import procfile_names
 
 VARIABLES = ("DATABASE_URL", "REDIS_URL", "LLM_BASE_URL", "LLM_API_KEY", "SECRET_KEY", "MODEL_PRICES")
@@ -46,3 +47,72 @@ def test_variables_switch_to_external_services(bare_env, tmp_path, monkeypatch):
     assert not settings["LOCAL_LLM"] and settings["LLM_BASE_URL"] == "https://llm.example.test/api/v1"
     assert settings["MODEL_PRICES"] == {"m": {"input": 1.5, "output": 6}}
     assert procfile_names(settings) == ["web", "worker", "scheduler"]
+
+
+# Validation at start-up (issue 12, item 14)
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        (
+            {"COMPACTION_KEEP_RECENT": "100"},
+            "COMPACTION_KEEP_RECENT (100) must be less than COMPACTION_THRESHOLD (100)",
+        ),
+        (
+            {"COMPACTION_THRESHOLD": "10", "COMPACTION_KEEP_RECENT": "20"},
+            "COMPACTION_KEEP_RECENT (20) must be less",
+        ),
+        ({"COMPACTION_THRESHOLD": "ten"}, "COMPACTION_THRESHOLD must be a whole number, not 'ten'"),
+        ({"CONSOLIDATION_IDLE_HOURS": "six"}, "CONSOLIDATION_IDLE_HOURS must be a number, not 'six'"),
+        ({"CONSOLIDATION_CONCURRENCY": "0"}, "CONSOLIDATION_CONCURRENCY is 0; it must be at least 1"),
+        ({"REFINEMENT_TOKEN_FLOOR": "1.5"}, "REFINEMENT_TOKEN_FLOOR is 1.5; it must be between 0 and 1"),
+        ({"JOB_MAX_RETRIES": "-1"}, "JOB_MAX_RETRIES is -1; it must be at least 0"),
+        ({"LOCAL_LLM_PORT": "70000"}, "LOCAL_LLM_PORT is 70000; it must be between 1 and 65535"),
+        ({"TRANSCRIPT_TOKEN_BUDGET": "-5"}, "TRANSCRIPT_TOKEN_BUDGET is -5; it must be at least 1"),
+        ({"MODEL_PRICES": "{not json"}, "MODEL_PRICES must be JSON"),
+        (
+            {"MODEL_PRICES": '{"m": {"input": "cheap"}}'},
+            "MODEL_PRICES['m']['input'] must be dollars per million",
+        ),
+        ({"MODEL_PRICES": '{"m": {"input": -1}}'}, "MODEL_PRICES['m']['input'] must be dollars per million"),
+    ],
+)
+def test_a_bad_setting_stops_start_up_naming_the_variable(bare_env, tmp_path, monkeypatch, env, message):
+    monkeypatch.setenv("INSTANCE_PATH", str(tmp_path))
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+
+    with pytest.raises(config.ConfigError) as raised:
+        create_app()
+
+    assert message in str(raised.value)
+
+
+def test_every_numeric_setting_has_a_range(bare_env, tmp_path):
+    settings = config.load(str(tmp_path))
+
+    numeric = {k for k, v in settings.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+
+    assert numeric == set(config.BOUNDS)
+    config.validate(settings)  # the defaults are valid
+
+
+def test_a_test_config_is_validated_too(tmp_path, monkeypatch):
+    monkeypatch.setenv("INSTANCE_PATH", str(tmp_path))
+
+    with pytest.raises(config.ConfigError, match="MESSAGES_PER_PAGE is 0"):
+        create_app({"SECRET_KEY": "x", "MESSAGES_PER_PAGE": 0})
+
+
+def test_the_cli_names_the_bad_setting_without_a_traceback(tmp_path):
+    env = {"DATABASE_URL": f"sqlite:///{tmp_path}/x.db", "COMPACTION_KEEP_RECENT": "150"}
+
+    result = flask("check", env=env)
+
+    assert result.returncode == 1
+    assert (
+        "Cairn cannot start: COMPACTION_KEEP_RECENT (150) must be less than COMPACTION_THRESHOLD"
+        in result.stderr
+    )
+    assert "Traceback" not in result.stderr

@@ -21,6 +21,7 @@ def create_app(test_config: dict | None = None) -> Flask:
     app.config.from_mapping(config.load(app.instance_path))
     if test_config:
         app.config.from_mapping(test_config)
+    config.validate(app.config)
 
     db.init_app(app)
     migrate.init_app(app, db, directory=str(Path(app.root_path).parent / "migrations"), render_as_batch=True)

@@ -3,7 +3,9 @@
 import json
 import os
 import secrets
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 LOCAL_LLM_PORT = 8088
 LOCAL_MODEL_ID = "smollm2"
@@ -31,8 +33,31 @@ def _secret_key(instance_path: str) -> str:
     return path.read_text().strip()
 
 
+class ConfigError(ValueError):
+    """A setting Cairn cannot start with; the message names the variable and says what it must be."""
+
+
 def _int(name: str, default: int) -> int:
-    return int(os.environ.get(name, default))
+    value = os.environ.get(name, default)
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"{name} must be a whole number, not {value!r}.") from None
+
+
+def _float(name: str, default: float) -> float:
+    value = os.environ.get(name, default)
+    try:
+        return float(value)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number, not {value!r}.") from None
+
+
+def _prices() -> dict[str, dict[str, float]]:
+    try:
+        return json.loads(os.environ.get("MODEL_PRICES", "{}"))
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"MODEL_PRICES must be JSON ({error}).") from None
 
 
 def load(instance_path: str) -> dict:
@@ -53,15 +78,15 @@ def load(instance_path: str) -> dict:
         or f"http://127.0.0.1:{_int('LOCAL_LLM_PORT', LOCAL_LLM_PORT)}/v1",
         "LLM_API_KEY": os.environ.get("LLM_API_KEY", "local"),
         "DEFAULT_MODEL_ID": os.environ.get("DEFAULT_MODEL_ID", LOCAL_MODEL_ID),
-        "LLM_TIMEOUT_SECONDS": float(os.environ.get("LLM_TIMEOUT_SECONDS", 120)),
+        "LLM_TIMEOUT_SECONDS": _float("LLM_TIMEOUT_SECONDS", 120),
         # {"model-id": {"input": dollars per 1M tokens, "output": dollars per 1M tokens}}
-        "MODEL_PRICES": json.loads(os.environ.get("MODEL_PRICES", "{}")),
+        "MODEL_PRICES": _prices(),
         "JOB_MAX_RETRIES": _int("JOB_MAX_RETRIES", 3),
         # Ask models for JSON output (response_format json_object) where a job parses JSON; off for
         # providers that reject the parameter.
         "LLM_JSON_MODE": os.environ.get("LLM_JSON_MODE", "1") not in ("0", "false", "no"),
         # Spec 000: consolidation of idle group chats into memories.
-        "CONSOLIDATION_IDLE_HOURS": float(os.environ.get("CONSOLIDATION_IDLE_HOURS", 6)),
+        "CONSOLIDATION_IDLE_HOURS": _float("CONSOLIDATION_IDLE_HOURS", 6),
         "CONSOLIDATION_CHUNK_TOKENS": _int("CONSOLIDATION_CHUNK_TOKENS", 100_000),
         "CONSOLIDATION_CONCURRENCY": _int("CONSOLIDATION_CONCURRENCY", 4),
         # Spec 004: once a chat has more than COMPACTION_THRESHOLD messages after its last cut, a job
@@ -76,7 +101,7 @@ def load(instance_path: str) -> dict:
         # Spec 002 with DESIGN.md 5.4: the limits of one refinement session.
         "REFINEMENT_MAX_MUTATIONS": _int("REFINEMENT_MAX_MUTATIONS", 10),
         "REFINEMENT_MAX_TURNS": _int("REFINEMENT_MAX_TURNS", 12),
-        "REFINEMENT_TOKEN_FLOOR": float(os.environ.get("REFINEMENT_TOKEN_FLOOR", 0.5)),
+        "REFINEMENT_TOKEN_FLOOR": _float("REFINEMENT_TOKEN_FLOOR", 0.5),
         # Replies: how many model turns a tool loop may take, and how much transcript a prompt may carry.
         "REPLY_MAX_TOOL_TURNS": _int("REPLY_MAX_TOOL_TURNS", 5),
         "TRANSCRIPT_TOKEN_BUDGET": _int("TRANSCRIPT_TOKEN_BUDGET", 6000),
@@ -97,7 +122,7 @@ def load(instance_path: str) -> dict:
         # Live reply streams one user may hold open at once (tabs of chat pages); more are refused with 429.
         "STREAM_MAX_PER_USER": _int("STREAM_MAX_PER_USER", 8),
         # Seconds of silence before a stream sends a comment; a browser that left is noticed by then or so.
-        "STREAM_KEEPALIVE_SECONDS": float(os.environ.get("STREAM_KEEPALIVE_SECONDS", 10)),
+        "STREAM_KEEPALIVE_SECONDS": _float("STREAM_KEEPALIVE_SECONDS", 10),
         # Flask-Limiter limits (its notation). Messages and agent triggers share one per-user budget; sign-in
         # attempts that fail count per email and per client address. Storage: the app's Redis.
         "RATE_LIMIT_REPLIES": os.environ.get("RATE_LIMIT_REPLIES", "20 per minute; 300 per hour"),
@@ -106,3 +131,74 @@ def load(instance_path: str) -> dict:
         # Proxies in front of gunicorn that set X-Forwarded-For/-Proto/-Host (0: the connection is the client).
         "TRUSTED_PROXY_HOPS": _int("TRUSTED_PROXY_HOPS", 0),
     }
+
+
+# The range of every numeric setting (None: unbounded on that side), checked at start-up by validate().
+BOUNDS: dict[str, tuple[float | None, float | None]] = {
+    "LOCAL_LLM_PORT": (1, 65_535),
+    "LLM_TIMEOUT_SECONDS": (0.1, None),
+    "JOB_MAX_RETRIES": (0, None),
+    "CONSOLIDATION_IDLE_HOURS": (0, None),
+    "CONSOLIDATION_CHUNK_TOKENS": (1, None),
+    "CONSOLIDATION_CONCURRENCY": (1, None),
+    "COMPACTION_THRESHOLD": (1, None),
+    "COMPACTION_KEEP_RECENT": (0, None),
+    "COMPACTION_MAX_INPUT_TOKENS": (1, None),
+    "MEMORY_DOC_PROMPT_TOKENS": (1, None),
+    "REFINEMENT_MAX_MUTATIONS": (1, None),
+    "REFINEMENT_MAX_TURNS": (1, None),
+    "REFINEMENT_TOKEN_FLOOR": (0, 1),
+    "REPLY_MAX_TOOL_TURNS": (1, None),
+    "TRANSCRIPT_TOKEN_BUDGET": (1, None),
+    "TRANSCRIPT_MAX_MESSAGES": (1, None),
+    "CROSS_CONVERSATION_REFRESH_SECONDS": (1, None),
+    "MEMORY_TOKEN_BUDGET": (1, None),
+    "PROMPT_TOKEN_BUDGET": (1, None),
+    "RECALL_TOKEN_BUDGET": (1, None),
+    "RECALL_MAX_RESULTS": (1, None),
+    "STREAM_MAX_PER_USER": (1, None),
+    "STREAM_KEEPALIVE_SECONDS": (0.1, None),
+    "TRUSTED_PROXY_HOPS": (0, None),
+    "MESSAGE_MAX_CHARS": (1, None),
+    "MESSAGES_PER_PAGE": (1, None),
+}
+
+
+def validate(settings: Mapping[str, Any]) -> None:
+    """Refuse to start with a numeric setting out of its range, naming the variable (raises ConfigError)."""
+    for name, (low, high) in BOUNDS.items():
+        value = settings[name]
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{name} must be a number, not {value!r}.")
+        if (low is not None and value < low) or (high is not None and value > high):
+            raise ConfigError(f"{name} is {value}; it must be {_range(low, high)}.")
+    if settings["COMPACTION_KEEP_RECENT"] >= settings["COMPACTION_THRESHOLD"]:
+        raise ConfigError(
+            f"COMPACTION_KEEP_RECENT ({settings['COMPACTION_KEEP_RECENT']}) must be less than "
+            f"COMPACTION_THRESHOLD ({settings['COMPACTION_THRESHOLD']}): compaction summarizes the messages "
+            "beyond the most recent ones once a chat has more than the threshold."
+        )
+    _validate_prices(settings["MODEL_PRICES"])
+
+
+def _range(low: float | None, high: float | None) -> str:
+    if high is None:
+        return f"at least {low}"
+    return f"between {low} and {high}"
+
+
+def _validate_prices(prices: Any) -> None:
+    example = '{"model-id": {"input": 0.15, "output": 0.6}}'
+    if not isinstance(prices, dict):
+        raise ConfigError(f"MODEL_PRICES must be a JSON object such as {example}.")
+    for model, price in prices.items():
+        if not isinstance(price, dict):
+            raise ConfigError(f"MODEL_PRICES[{model!r}] must be an object such as {example}.")
+        for side, dollars in price.items():
+            if side not in ("input", "output"):
+                raise ConfigError(f"MODEL_PRICES[{model!r}] has {side!r}; only input and output are priced.")
+            if isinstance(dollars, bool) or not isinstance(dollars, int | float) or dollars < 0:
+                raise ConfigError(
+                    f"MODEL_PRICES[{model!r}][{side!r}] must be dollars per million tokens (a number >= 0), "
+                    f"not {dollars!r}."
+                )

@@ -19,12 +19,14 @@ ENQUEUE_COOLDOWN_SECONDS = 600  # one pending compaction per chat is enough
 
 
 def thresholds(chat: Chat) -> tuple[int, int]:
-    """(threshold, keep_recent) for this chat: its own overrides, else the global settings."""
+    """(threshold, keep_recent) for this chat: its own overrides, else the global settings.
+
+    keep_recent stays below the threshold (config.validate checks the global pair; a chat may override one),
+    so a compaction always has messages to summarize."""
     config = current_app.config
-    return (
-        chat.compaction_threshold or config["COMPACTION_THRESHOLD"],
-        chat.compaction_keep_recent or config["COMPACTION_KEEP_RECENT"],
-    )
+    threshold = chat.compaction_threshold or config["COMPACTION_THRESHOLD"]
+    keep_recent = chat.compaction_keep_recent or config["COMPACTION_KEEP_RECENT"]
+    return threshold, min(keep_recent, threshold - 1)
 
 
 def _after_cut(chat: Chat) -> sa.Select:
