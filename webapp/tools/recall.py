@@ -94,7 +94,7 @@ def _memory_hit(memory: AgentMemory) -> dict[str, Any]:
 def _message_hit(message: Message) -> dict[str, Any]:
     return {
         "conversation_id": message.chat.public_id,
-        "conversation": message.chat.title_or_default,
+        "conversation": message.chat.model_title,
         "date": message.created_at.strftime("%Y-%m-%d %H:%M"),
         "author": message.author_name,
         "content": message.excerpt(MESSAGE_CHARS),
