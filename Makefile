@@ -8,12 +8,13 @@ export FLASK_APP := app
 
 .PHONY: run install test test-sqlite test-postgres test-system-deps lint clean
 
+# Every process runs under a supervisor that restarts it if it dies (Procfile); the `ready` process prints the
+# URL and the demo login last, once /healthz says everything is up.
 run: $(INSTALLED)
-	flask check
-	flask db upgrade
-	flask demo seed
-	@echo "Cairn is starting at http://127.0.0.1:$${PORT:-5000}  (demo login: admin@cairn.local / $${DEMO_PASSWORD:-cairn-demo})"
-	honcho start $$(python -m webapp.processes names)
+	@flask check
+	@flask db upgrade
+	@flask demo seed
+	@CAIRN_WEB_PORT=$${PORT:-5000} honcho start $$(python -m webapp.processes names)
 
 install: $(INSTALLED)
 

@@ -1,21 +1,37 @@
-"""An RQ worker that runs every job inside the Flask app context: `python worker.py [--burst]`."""
+"""An RQ worker that runs every job inside the Flask app context: `python worker.py [--burst]`.
 
+It rides out a Redis outage: RQ retries its dequeue with backoff, the worker registers itself again if Redis
+lost its data, and any other Redis error that ends RQ's work loop starts a fresh worker once Redis answers.
+"""
+
+import logging
+import signal
 import sys
+import time
 
 import sqlalchemy as sa
 from flask import Flask
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from redis import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import Worker
 
 from webapp import config, create_app, jobs, prompts, tokens
 from webapp.extensions import db
+from webapp.health import WORKER_TTL_SECONDS
 from webapp.queue import redis_connection, rq_queue, wait_for_redis
+
+log = logging.getLogger("rq.worker")  # printed by the handler RQ sets up
+RECONNECT_DELAYS = [0.5, 1, 2, 5]  # seconds between attempts while Redis is unreachable, the last repeated
 
 
 class AppWorker(Worker):
     """Runs each job (in its forked work horse) inside a fresh app context."""
 
     app = None
+    max_connection_wait_time = 5.0  # RQ's dequeue backoff cap: back within seconds of Redis returning
+    stopping = False
 
     def perform_job(self, job, queue, execution):
         with self.app.app_context():
@@ -23,6 +39,28 @@ class AppWorker(Worker):
                 return super().perform_job(job, queue, execution)
             finally:
                 db.session.remove()
+
+    def request_stop(self, signum, frame):
+        self.stopping = True
+        super().request_stop(signum, frame)
+
+    def heartbeat(self, timeout=None, pipeline=None):
+        if pipeline is None and not self.connection.exists(self.key):
+            self.register_birth()  # Redis restarted without its data: be counted as a live worker again
+        super().heartbeat(timeout, pipeline)
+
+
+def wait_until_reachable(connection: Redis) -> None:
+    """Block until Redis answers, retrying with backoff for as long as it takes."""
+    for attempt in range(sys.maxsize):
+        try:
+            connection.ping()
+            return
+        except (RedisConnectionError, RedisTimeoutError, OSError) as e:
+            delay = RECONNECT_DELAYS[min(attempt, len(RECONNECT_DELAYS) - 1)]
+            if attempt == 0:
+                log.error("Redis is unreachable (%s); retrying until it answers", e)
+            time.sleep(delay)
 
 
 def preload(app: Flask) -> None:
@@ -45,10 +83,21 @@ def main(argv: list[str]) -> None:
         raise SystemExit(f"Cairn cannot start: {error}") from None
     AppWorker.app = app
     preload(app)
+    burst = "--burst" in argv
     with app.app_context():
         wait_for_redis()
-        worker = AppWorker([rq_queue()], connection=redis_connection())
-    worker.work(burst="--burst" in argv, with_scheduler=True)
+        while True:
+            worker = AppWorker([rq_queue()], connection=redis_connection(), worker_ttl=WORKER_TTL_SECONDS)
+            try:
+                worker.work(burst=burst, with_scheduler=True)
+            except (RedisConnectionError, RedisTimeoutError) as e:
+                log.error("Lost Redis while stopping the work loop: %s", e)
+            if burst or worker.stopping:
+                return
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # RQ's handlers would ask the lost Redis
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            wait_until_reachable(redis_connection())
+            log.warning("Redis answers again; starting a fresh work loop")
 
 
 if __name__ == "__main__":

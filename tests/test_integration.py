@@ -61,8 +61,9 @@ def test_a_real_worker_fails_a_hopeless_job_at_once_and_keeps_the_reason(live_ap
     assert run.status == "failed" and "bad input" in run.error
 
 
-def test_make_run_processes_come_up_healthy_and_stop_cleanly(tmp_path, fake_llm):
-    """What `make run` starts (minus the local model, replaced by the fake), then Ctrl-C."""
+def test_make_run_survives_crashes_of_worker_scheduler_and_redis_and_stops_cleanly(tmp_path, fake_llm):
+    """What `make run` starts (minus the local model, replaced by the fake): each crashed process comes back
+    while web keeps serving, the URL is printed last once all is up, and Ctrl-C leaves nothing behind."""
     instance = tmp_path / "instance"
     port = free_port()
     env = {
@@ -70,6 +71,7 @@ def test_make_run_processes_come_up_healthy_and_stop_cleanly(tmp_path, fake_llm)
         "INSTANCE_PATH": str(instance),
         "LLM_BASE_URL": fake_llm.base_url,
         "PORT": str(port),
+        "CAIRN_WEB_PORT": str(port),
         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
     }
     if POSTGRES_URL:
@@ -78,22 +80,65 @@ def test_make_run_processes_come_up_healthy_and_stop_cleanly(tmp_path, fake_llm)
     names = subprocess.run(
         [sys.executable, "-m", "webapp.processes", "names"], cwd=ROOT, env=env, capture_output=True, text=True
     ).stdout.split()
-    assert names == ["web", "worker", "scheduler", "redis"]
+    assert names == ["web", "worker", "scheduler", "redis", "ready"]
 
-    honcho = subprocess.Popen(
-        ["honcho", "start", *names], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )  # fmt: skip
+    output_file = tmp_path / "honcho.log"
+    with output_file.open("wb") as output:
+        honcho = subprocess.Popen(
+            ["honcho", "start", *names], cwd=ROOT, env=env, stdout=output, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
     try:
-        health = wait_for(lambda: _healthy(port), seconds=60, what="GET /healthz to report all up")
-        assert set(health["checks"]) == {"database", "redis", "workers", "scheduler", "llm"}
+        wait_for(lambda: _healthy(port), seconds=60, what="GET /healthz to report all up")
+        wait_for(lambda: "Cairn is up at" in output_file.read_text(), what="the URL to be printed")
+        web = _processes_of(instance, "flask run")
+        for crashed in ("worker.py", "schedule run", "redis-server"):
+            before = _processes_of(instance, crashed)
+            for pid in before:
+                os.kill(pid, signal.SIGKILL)
+            wait_for(lambda c=crashed, b=before: _processes_of(instance, c) - b, what=f"{crashed} to restart")
+            assert _answers(port, "/login") == 200  # web kept serving
+        # The restarted worker, on the restarted redis, runs the next job.
+        wait_for(lambda: _enqueue_ping(env), seconds=60, what="a job to be enqueued")
+        wait_for(lambda: "Job OK" in output_file.read_text(), seconds=60, what="the job to run")
+        wait_for(lambda: _healthy(port), seconds=60, what="GET /healthz to report all up again")
+        assert _processes_of(instance, "flask run") == web, "web was restarted"
     finally:
         os.killpg(honcho.pid, signal.SIGINT)  # what Ctrl-C in the terminal sends
-        output = honcho.communicate(timeout=30)[0].decode()
+        honcho.wait(30)
+    text = output_file.read_text()
 
-    leftovers = subprocess.run(["pgrep", "-f", str(instance)], capture_output=True, text=True).stdout
-    assert leftovers == "", f"processes left behind:\n{leftovers}\n{output}"
+    leftovers = _processes_of(instance, "")
+    assert not leftovers, f"processes left behind: {leftovers}\n{text}"
     assert not (instance / "redis.sock").exists()
+    assert "FutureWarning" not in text
+    assert "restarting in 1 s" in text
+
+
+def _enqueue_ping(env: dict[str, str]) -> bool:
+    return subprocess.run(["flask", "jobs", "ping"], cwd=ROOT, env=env, capture_output=True).returncode == 0
+
+
+def _processes_of(instance: Path, command: str) -> set[int]:
+    """Live processes started for this instance whose command line has command: they inherit INSTANCE_PATH, or
+    (redis-server, which overwrites its environment with its title) name the instance on their command line."""
+    found = set()
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            environ = (proc / "environ").read_bytes().split(b"\0")
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue  # gone, or not ours to read
+        ours = f"INSTANCE_PATH={instance}".encode() in environ or str(instance) in cmdline
+        if ours and command in cmdline and state != "Z":
+            found.add(int(proc.name))
+    return found
+
+
+def _answers(port: int, path: str) -> int:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+        return response.status
 
 
 def _healthy(port: int) -> dict | None:

@@ -1,13 +1,18 @@
 """End to end against the real local model (SmolLM2 served by llama-cpp-python): structure, not wording."""
 
 import json
+import os
+import signal
 import subprocess
+import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port
+from tests.conftest import free_port, wait_for
+from tests.test_integration import _processes_of
 from webapp import llm
 from webapp.config import LOCAL_MODEL_ID
 from webapp.processes import llm_server_argv
@@ -107,3 +112,39 @@ def test_json_output_parses(local_app):
 
     parsed = json.loads(result.text)
     assert isinstance(parsed["journal"], list) and isinstance(parsed["core"], list)
+
+
+def test_the_model_server_passes_its_self_test_and_comes_back_after_a_segfault(tmp_path):
+    """`make run`'s llm process: ready only after one real chat; a SIGSEGV is restarted and self-tested."""
+    port = free_port()
+    env = {
+        **{k: v for k, v in os.environ.items() if k not in ("LLM_BASE_URL", "PORT")},
+        "INSTANCE_PATH": str(tmp_path),
+        "LOCAL_LLM_PORT": str(port),
+    }
+    marker = tmp_path / "llm.ready"
+    supervisor = subprocess.Popen(
+        [sys.executable, "-m", "webapp.processes", "run", "llm"],
+        cwd=Path(__file__).resolve().parent.parent,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        wait_for(marker.exists, seconds=120, what="the self-test to pass")
+        [server] = _processes_of(tmp_path, "llm-server")
+
+        os.kill(server, signal.SIGSEGV)
+
+        wait_for(lambda: not marker.exists(), what="the crash to be noticed")
+        wait_for(marker.exists, seconds=120, what="the restarted server to pass its self-test")
+        assert _processes_of(tmp_path, "llm-server") - {server}
+    finally:
+        supervisor.terminate()
+        output = supervisor.communicate(timeout=30)[0]
+    assert supervisor.returncode == 0
+    assert not _processes_of(tmp_path, ""), output
+    assert "llm: was killed by SIGSEGV; restarting in 1 s" in output
+    assert output.count("the local model passed its self-test") == 2
+    assert "llama_model_loader" not in output  # llama.cpp's loading log stays quiet

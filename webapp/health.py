@@ -1,18 +1,43 @@
-"""GET /healthz: the state of every component, and the checks `flask check` runs at start-up."""
+"""GET /healthz: the state of every component, the banner naming a part that is down, and `flask check`'s probes.
 
-from dataclasses import asdict, dataclass
+The report is taken at most once per CACHE_SECONDS per web process (so no visitor can make Cairn call the model
+endpoint on every request); anyone gets a plain status with 200 or 503 (for load balancers), signed-in admins
+get each component's detail.
+"""
+
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
 from urllib.parse import urlsplit, urlunsplit
 
 import sqlalchemy as sa
-from flask import Blueprint, current_app, jsonify
+from flask import Blueprint, current_app, jsonify, render_template
+from flask_login import current_user
+from redis.exceptions import RedisError
 from rq import Worker
 from sqlalchemy.engine import make_url
 
 from webapp.extensions import db
 from webapp.queue import redis_connection
 from webapp.schedule import scheduler_alive
+from webapp.timeutil import utcnow
 
 bp = Blueprint("health", __name__)
+CACHE_SECONDS = 5
+# worker.py's workers heartbeat every WORKER_TTL_SECONDS / 2 while idle and every 30 s during a job; one whose
+# last heartbeat is older than this is dead (RQ itself keeps a killed worker registered for minutes).
+WORKER_TTL_SECONDS = 30
+WORKER_SILENT_AFTER = timedelta(seconds=75)
+
+# What a user is told on every page while a component is down.
+PROBLEMS = {
+    "database": "The database is unreachable: pages may fail until it is back.",
+    "redis": "The job queue (Redis) is down: new messages wait until it is back.",
+    "workers": "No background worker is running: replies wait until one is back.",
+    "scheduler": "The scheduler is not running: memory upkeep is paused until it is back.",
+    "llm": "The model server is not answering: replies wait until it is back.",
+}
 
 
 @dataclass
@@ -56,10 +81,15 @@ def _without_secret(text: str) -> str:
 
 def check_workers() -> Check:
     try:
-        count = Worker.count(connection=redis_connection())
-    except Exception as e:  # noqa: BLE001  (redis is down: reported by check_redis too)
+        workers = Worker.all(connection=redis_connection())
+    except (RedisError, OSError) as e:  # redis is down: reported by check_redis too
         return Check(False, f"cannot ask redis: {e}")
-    return Check(count > 0, f"{count} worker(s) registered with RQ")
+    alive = [w for w in workers if w.death_date is None and _recent(w.last_heartbeat)]
+    return Check(bool(alive), f"{len(alive)} live worker(s) registered with RQ")
+
+
+def _recent(heartbeat) -> bool:
+    return heartbeat is not None and utcnow() - heartbeat.replace(tzinfo=None) < WORKER_SILENT_AFTER
 
 
 def check_scheduler() -> Check:
@@ -84,16 +114,71 @@ def _first_line(error: Exception) -> str:
     return str(error).strip().splitlines()[0] if str(error).strip() else ""
 
 
+PROBES = {
+    "database": check_database,
+    "redis": check_redis,
+    "workers": check_workers,
+    "scheduler": check_scheduler,
+    "llm": check_llm,
+}
+
+
+def _take_report() -> dict[str, Check]:
+    checks = {}
+    for name, probe in PROBES.items():
+        if name in ("workers", "scheduler") and not checks["redis"].ok:
+            checks[name] = Check(False, "unknown while redis is down")  # no second wait on the same timeout
+        else:
+            checks[name] = probe()
+    return checks
+
+
+@dataclass
+class ReportCache:
+    """The last report of this process, shared by its threads; one thread probes while the others wait."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    checks: dict[str, Check] = field(default_factory=dict)
+    taken_at: float = float("-inf")
+
+
+@bp.record_once
+def _init(state) -> None:
+    state.app.extensions["health_report"] = ReportCache()
+
+
+def report() -> dict[str, Check]:
+    """Each component's check, at most CACHE_SECONDS old."""
+    cache: ReportCache = current_app.extensions["health_report"]
+    with cache.lock:
+        if time.monotonic() - cache.taken_at >= CACHE_SECONDS:
+            cache.checks = _take_report()
+            cache.taken_at = time.monotonic()
+        return cache.checks
+
+
+def problems() -> list[str]:
+    """One plain sentence for each component that is down."""
+    return [PROBLEMS[name] for name, check in report().items() if not check.ok]
+
+
+@bp.app_context_processor
+def _service_status():
+    return {"service_problems": problems}
+
+
 @bp.get("/healthz")
 def healthz():
-    """Report each component; 200 when all are up, 503 otherwise."""
-    checks = {
-        "database": check_database(),
-        "redis": check_redis(),
-        "workers": check_workers(),
-        "scheduler": check_scheduler(),
-        "llm": check_llm(),
-    }
+    """200 when every component is up, 503 otherwise; each component's detail only for signed-in admins."""
+    checks = report()
     ok = all(c.ok for c in checks.values())
-    body = {"status": "ok" if ok else "degraded", "checks": {k: asdict(v) for k, v in checks.items()}}
+    body = {"status": "ok" if ok else "degraded"}
+    if current_user.is_authenticated and current_user.is_admin:
+        body["checks"] = {k: asdict(v) for k, v in checks.items()}
     return jsonify(body), 200 if ok else 503
+
+
+@bp.get("/service-status")
+def service_status():
+    """The banner alone, which every page refreshes."""
+    return render_template("_service_status.html")

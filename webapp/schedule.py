@@ -2,6 +2,7 @@
 
 import os
 import time
+import warnings
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -9,6 +10,11 @@ from flask import current_app
 from rq_scheduler import Scheduler
 
 from webapp.queue import redis_connection, rq_queue
+
+# rq-scheduler computes cron times with `crontab` without its default_utc argument, which warns on every
+# computation that a future crontab may change the default. Cairn runs the scheduler on UTC (_use_utc), where
+# both defaults give the same times, so the warning is noise in `make run`.
+warnings.filterwarnings("ignore", category=FutureWarning, module="rq_scheduler.utils")
 
 HOURLY = "0 * * * *"
 DAILY_0300_UTC = "0 3 * * *"

