@@ -63,7 +63,7 @@ def _live_workers() -> bool:
 def test_a_worker_rides_out_a_redis_outage_and_then_runs_a_queued_job(live_app, redis_process):
     worker = subprocess.Popen([sys.executable, "worker.py"], cwd=ROOT, env=worker_env(live_app))
     try:
-        wait_for(_live_workers, what="the worker to register")
+        wait_for(_live_workers, seconds=120, what="the worker to register")
 
         redis_process.kill()
         time.sleep(OUTAGE_SECONDS)  # the outage itself, not a wait for a result
@@ -72,11 +72,11 @@ def test_a_worker_rides_out_a_redis_outage_and_then_runs_a_queued_job(live_app, 
 
         enqueue(ping)
         db.session.commit()
-        done = wait_for(lambda: _runs_done(), seconds=60, what="the queued job to run")
+        done = wait_for(_runs_done, seconds=120, what="the queued job to run")
 
         assert done == 1
         assert worker.poll() is None
-        wait_for(_live_workers, what="the worker to be counted as live again")
+        wait_for(_live_workers, seconds=120, what="the worker to be counted as live again")
     finally:
         worker.terminate()
         assert worker.wait(20) == 0
