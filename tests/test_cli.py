@@ -112,6 +112,22 @@ def test_users_create_refuses_a_duplicate_or_short_password(app, runner):
     )
 
 
+@pytest.mark.parametrize(
+    ("password", "reason"),
+    [
+        ("12345678", "too easy to guess"),
+        ("password", "too easy to guess"),
+        ("ada@example.com!", "too easy to guess"),
+        (" " * 8, "cannot be only spaces"),
+    ],
+)
+def test_users_create_refuses_common_and_blank_passwords_with_a_reason(app, runner, password, reason):
+    result = runner.invoke(args=["users", "create", "ada@example.com", "--password", password])
+
+    assert result.exit_code == 1 and reason in result.output
+    assert db.session.scalar(sa.select(sa.func.count()).select_from(User)) == 0
+
+
 def test_users_create_puts_a_user_in_the_named_account(app, runner):
     runner.invoke(args=["users", "create", "a@example.com", "--password", "long-enough", "--account", "One"])
     runner.invoke(args=["users", "create", "b@example.com", "--password", "long-enough", "--account", "Two"])

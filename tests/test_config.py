@@ -76,6 +76,7 @@ def test_variables_switch_to_external_services(bare_env, tmp_path, monkeypatch):
             "MODEL_PRICES['m']['input'] must be dollars per million",
         ),
         ({"MODEL_PRICES": '{"m": {"input": -1}}'}, "MODEL_PRICES['m']['input'] must be dollars per million"),
+        ({"PREFERRED_URL_SCHEME": "ftp"}, "PREFERRED_URL_SCHEME must be http or https"),
     ],
 )
 def test_a_bad_setting_stops_start_up_naming_the_variable(bare_env, tmp_path, monkeypatch, env, message):

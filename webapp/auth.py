@@ -9,11 +9,12 @@ from flask_limiter import RateLimitExceeded
 from flask_login import current_user, login_required, login_user, logout_user
 from flask_wtf import FlaskForm
 from wtforms import EmailField, PasswordField
-from wtforms.validators import DataRequired, Length
+from wtforms.validators import DataRequired, EqualTo, InputRequired, Length, ValidationError
 
 from webapp import guards
 from webapp.extensions import DATABASE_ID_MAX, db, limiter, login_manager
 from webapp.models import User
+from webapp.models.accounts import password_problem
 
 bp = Blueprint("auth", __name__)
 
@@ -22,8 +23,9 @@ login_manager.login_message = "Please sign in to continue."
 
 
 @login_manager.user_loader
-def _load_user(user_id: str) -> User | None:
-    return db.session.get(User, int(user_id))
+def _load_user(session_token: str) -> User | None:
+    """The user of a live sign-in; a signed-out or revoked one's cookies (and copies of them) load nobody."""
+    return User.for_session(session_token)
 
 
 class LoginForm(FlaskForm):
@@ -33,6 +35,30 @@ class LoginForm(FlaskForm):
 
 def _failed_sign_in(response: Response) -> bool:
     return response.status_code == 422
+
+
+class PasswordForm(FlaskForm):
+    current_password = PasswordField(
+        "Current password",
+        validators=[DataRequired(), Length(max=200)],
+        render_kw={"autocomplete": "current-password"},
+    )
+    new_password = PasswordField(
+        "New password", validators=[InputRequired()], render_kw={"autocomplete": "new-password"}
+    )
+    confirm = PasswordField(
+        "New password again",
+        validators=[InputRequired(), EqualTo("new_password", "The two new passwords differ.")],
+        render_kw={"autocomplete": "new-password"},
+    )
+
+    def validate_current_password(self, field: PasswordField) -> None:
+        if not current_user.check_password(field.data):
+            raise ValidationError("That is not your current password.")
+
+    def validate_new_password(self, field: PasswordField) -> None:
+        if problem := password_problem(field.data, current_user.email):
+            raise ValidationError(problem)
 
 
 @bp.route("/login", methods=["GET", "POST"])
@@ -50,9 +76,9 @@ def login():
     """Sign in with email and password."""
     form = LoginForm()
     if form.validate_on_submit():
-        user = db.session.scalar(sa.select(User).where(User.email == form.email.data.strip().lower()))
-        if user is not None and user.check_password(form.password.data):
-            login_user(user, remember=True)
+        user = User.authenticate(form.email.data, form.password.data)
+        if user is not None:
+            _sign_in(user)
             return redirect(_safe_next(request.args.get("next")), code=303)
         form.password.errors.append("That email and password do not match.")
     return render_template("auth/login.html", form=form), 422 if form.errors else 200
@@ -71,10 +97,34 @@ def _too_many_attempts(error: RateLimitExceeded):
 @bp.post("/logout")
 @login_required
 def logout():
-    """Sign out."""
+    """Sign out: this sign-in ends server-side, so no copy of its cookies opens a page again."""
+    current_user.end_session()
+    db.session.commit()
     logout_user()
     flash("Signed out.")
     return redirect(url_for("auth.login"), code=303)
+
+
+@bp.route("/account/password", methods=["GET", "POST"])
+@login_required
+def password():
+    """Change one's own password; every other sign-in of the user ends, and this one starts afresh."""
+    form = PasswordForm()
+    if form.validate_on_submit():
+        user = current_user._get_current_object()
+        user.set_password(form.new_password.data)
+        user.end_all_sessions()
+        _sign_in(user)
+        flash("Password changed. Every other sign-in with the old password has been signed out.")
+        return redirect(url_for("chats.index"), code=303)
+    return render_template("auth/password.html", form=form), 422 if form.errors else 200
+
+
+def _sign_in(user: User) -> None:
+    """A new sign-in: a server-side session whose token the session and remember-me cookies carry."""
+    user.start_session()
+    db.session.commit()
+    login_user(user, remember=True)
 
 
 def _safe_next(target: str | None) -> str:

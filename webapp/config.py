@@ -4,6 +4,7 @@ import json
 import os
 import secrets
 from collections.abc import Mapping
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -63,8 +64,17 @@ def _prices() -> dict[str, dict[str, float]]:
 def load(instance_path: str) -> dict:
     """The app's settings: defaults overridden by environment variables."""
     Path(instance_path).mkdir(parents=True, exist_ok=True)
+    scheme = os.environ.get("PREFERRED_URL_SCHEME", "http")
     return {
         "SECRET_KEY": _secret_key(instance_path),
+        # Cookies are SameSite=Lax, and Secure when Cairn is served over HTTPS (PREFERRED_URL_SCHEME=https,
+        # also when TLS ends at a proxy in front of it). A sign-in lasts 30 days at most, cookies or not.
+        "PREFERRED_URL_SCHEME": scheme,
+        "SESSION_COOKIE_SAMESITE": "Lax",
+        "REMEMBER_COOKIE_SAMESITE": "Lax",
+        "SESSION_COOKIE_SECURE": scheme == "https",
+        "REMEMBER_COOKIE_SECURE": scheme == "https",
+        "REMEMBER_COOKIE_DURATION": timedelta(days=30),
         "SQLALCHEMY_DATABASE_URI": _database_uri(instance_path),
         "SQLALCHEMY_ENGINE_OPTIONS": {"pool_pre_ping": True},
         # No REDIS_URL: the project runs an embedded redis-server on a unix socket in instance/.
@@ -179,6 +189,10 @@ def validate(settings: Mapping[str, Any]) -> None:
             "beyond the most recent ones once a chat has more than the threshold."
         )
     _validate_prices(settings["MODEL_PRICES"])
+    if settings["PREFERRED_URL_SCHEME"] not in ("http", "https"):
+        raise ConfigError(
+            f"PREFERRED_URL_SCHEME must be http or https, not {settings['PREFERRED_URL_SCHEME']!r}."
+        )
 
 
 def _range(low: float | None, high: float | None) -> str:

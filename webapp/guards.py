@@ -40,7 +40,7 @@ def storage_uri(redis_url: str) -> str:
 def user_key() -> str:
     """Limits per signed-in user; an anonymous request is counted by its address."""
     if current_user.is_authenticated:
-        return f"user:{current_user.get_id()}"
+        return f"user:{current_user.id}"  # the person, not the sign-in (get_id is its secret token)
     return f"address:{get_remote_address()}"
 
 

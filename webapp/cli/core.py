@@ -11,6 +11,7 @@ from flask.cli import AppGroup
 from webapp import schedule
 from webapp.extensions import db
 from webapp.models import Account, Agent, User
+from webapp.models.accounts import password_problem
 
 schedule_cli = AppGroup("schedule", help="Recurring jobs in rq-scheduler.")
 users_cli = AppGroup("users", help="Sign-in accounts.")
@@ -87,8 +88,8 @@ def users_create(email: str, password: str, admin: bool, account_name: str | Non
     email = email.strip().lower()
     if db.session.scalar(sa.select(User).where(User.email == email)):
         sys.exit(f"A user with email {email} already exists.")
-    if len(password) < 8:
-        sys.exit("The password must have at least 8 characters.")
+    if problem := password_problem(password, email):
+        sys.exit(problem)
     account = _account(account_name)
     user = User(email=email, account=account, role="admin" if admin else "member")
     user.set_password(password)

@@ -1,6 +1,6 @@
 """The data model: one module per aggregate, all importable from here."""
 
-from webapp.models.accounts import Account, User
+from webapp.models.accounts import Account, User, UserSession
 from webapp.models.agents import Agent
 from webapp.models.audit import AuditLog
 from webapp.models.chats import Chat, ChatAgent, Message
@@ -19,4 +19,5 @@ __all__ = [
     "Message",
     "ReplySources",
     "User",
+    "UserSession",
 ]
