@@ -17,7 +17,7 @@ from webapp import events
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parent.parent
-STREAMS = 60  # far more than the threads of a gthread worker (8 in README's setup)
+STREAMS = 150  # far more than a gthread worker's threads (8) and a Redis pool's connections (100)
 
 
 @pytest.fixture

@@ -8,11 +8,16 @@ member of a Redis sorted set scored by its expiry, so a slot of a process that d
 
 import json
 import logging
+import os
+import queue
+import threading
 import time
 import uuid
+from collections import defaultdict
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from redis import Redis
 from redis.exceptions import RedisError
 
 from webapp.queue import redis_connection
@@ -33,21 +38,74 @@ def publish(chat_id: int, kind: str, message_id: int, text: str = "") -> None:
 def listen(chat_id: int, max_seconds: float, keepalive: float) -> Iterator[dict[str, Any] | None]:
     """Yield each event published for the chat, and None after `keepalive` seconds of silence, until
     max_seconds. A keepalive is also how a stream notices that its browser has left: the write fails."""
-    pubsub = redis_connection().pubsub(ignore_subscribe_messages=True)
-    pubsub.subscribe(channel(chat_id))
+    inbox = _relay().join(chat_id)
     deadline = time.monotonic() + max_seconds
-    quiet_since = time.monotonic()
     try:
-        while time.monotonic() < deadline:
-            message = pubsub.get_message(timeout=1.0)
-            if message is not None:
-                quiet_since = time.monotonic()
-                yield json.loads(message["data"])
-            elif time.monotonic() - quiet_since >= keepalive:
-                quiet_since = time.monotonic()
-                yield None
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                yield inbox.get(timeout=min(keepalive, left))
+            except queue.Empty:
+                if deadline - time.monotonic() > 0:
+                    yield None
     finally:
-        pubsub.close()
+        _relay().leave(chat_id, inbox)
+
+
+class _Relay:
+    """One Redis subscription per process, shared by all of its open streams: a thread (a greenlet under
+    gevent) receives every chat's events and puts each into the inboxes of that chat's streams. Streams cost
+    no Redis connection of their own, so their number is not bound by the connection pool."""
+
+    def __init__(self, connection: Redis):
+        self._connection = connection
+        self._inboxes: dict[int, set[queue.Queue]] = defaultdict(set)
+        self._lock = threading.Lock()
+        self._subscribed = threading.Event()
+        threading.Thread(target=self._run, name="cairn-events", daemon=True).start()
+
+    def join(self, chat_id: int) -> queue.Queue:
+        inbox: queue.Queue = queue.Queue()
+        with self._lock:
+            self._inboxes[chat_id].add(inbox)
+        self._subscribed.wait(5)  # the first stream of a process waits for the subscription
+        return inbox
+
+    def leave(self, chat_id: int, inbox: queue.Queue) -> None:
+        with self._lock:
+            self._inboxes[chat_id].discard(inbox)
+            if not self._inboxes[chat_id]:
+                del self._inboxes[chat_id]
+
+    def _run(self) -> None:
+        while True:
+            try:
+                pubsub = self._connection.pubsub(ignore_subscribe_messages=True)
+                pubsub.psubscribe(channel("*"))
+                self._subscribed.set()
+                for message in pubsub.listen():
+                    self._deliver(int(message["channel"].rsplit(b":", 1)[1]), json.loads(message["data"]))
+            except RedisError as error:  # Redis restarting: streams wait; pages poll for finished replies
+                log.warning("live events paused: %s", error)
+                time.sleep(1)
+
+    def _deliver(self, chat_id: int, event: dict[str, Any]) -> None:
+        with self._lock:
+            inboxes = list(self._inboxes.get(chat_id, ()))
+        for inbox in inboxes:
+            inbox.put(event)
+
+
+_relays: dict[tuple[int, int], _Relay] = {}  # (process, connection): a forked process starts its own
+_relays_lock = threading.Lock()
+
+
+def _relay() -> _Relay:
+    connection = redis_connection()
+    key = (os.getpid(), id(connection))
+    with _relays_lock:
+        if key not in _relays:
+            _relays[key] = _Relay(connection)
+        return _relays[key]
 
 
 SLOT_GRACE_SECONDS = 60  # a slot outlives its stream's time by this much if nobody released it
