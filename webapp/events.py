@@ -77,16 +77,32 @@ class _Relay:
                 del self._inboxes[chat_id]
 
     def _run(self) -> None:
+        failures = 0
         while True:
             try:
                 pubsub = self._connection.pubsub(ignore_subscribe_messages=True)
                 pubsub.psubscribe(channel("*"))
                 self._subscribed.set()
+                failures = 0
                 for message in pubsub.listen():
                     self._deliver(int(message["channel"].rsplit(b":", 1)[1]), json.loads(message["data"]))
             except RedisError as error:  # Redis restarting: streams wait; pages poll for finished replies
-                log.warning("live events paused: %s", error)
+                if self._close_if_idle():
+                    return
+                failures += 1
+                if failures == 1:
+                    log.warning("live events paused until Redis answers: %s", error)
                 time.sleep(1)
+
+    def _close_if_idle(self) -> bool:
+        """With no stream open, stop; the next stream starts a new relay."""
+        with _relays_lock, self._lock:
+            if self._inboxes:
+                return False
+            for key, relay in list(_relays.items()):
+                if relay is self:
+                    del _relays[key]
+            return True
 
     def _deliver(self, chat_id: int, event: dict[str, Any]) -> None:
         with self._lock:
