@@ -1,12 +1,11 @@
 """The chat page's live stream: reply text as escaped deltas, then the rendered final message."""
 
 import threading
-import time
 
 from werkzeug.test import Client
 
 from tests import factories
-from tests.conftest import Auth
+from tests.conftest import Auth, wait_for
 from webapp import events
 from webapp.extensions import db
 from webapp.models import Message
@@ -25,7 +24,7 @@ def test_the_stream_relays_deltas_escaped_and_the_final_message_rendered(app, cl
     reply_id = reply.id
 
     def worker_side():
-        time.sleep(0.3)
+        wait_for(lambda: events._relay()._inboxes.get(chat.id), seconds=10, what="the stream to listen")
         events.publish(chat.id, "delta", reply.id, "<b>Hi")
         events.publish(other_chat.id, "delta", reply.id, "not for this chat")
         finished = db.session.get(Message, reply_id)

@@ -17,7 +17,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from redis import Redis
+from redis import BlockingConnectionPool, Redis
 from redis.exceptions import RedisError
 
 from webapp.queue import redis_connection
@@ -58,6 +58,17 @@ class _Relay:
 
     def __init__(self, connection: Redis):
         self._connection = connection
+        # Streams open and close in bursts (hundreds at once under gevent): their slot commands wait for a
+        # connection of this small blocking pool rather than fail when the app's pool is exhausted.
+        pool = connection.connection_pool
+        self.slots = Redis(
+            connection_pool=BlockingConnectionPool(
+                connection_class=pool.connection_class,
+                max_connections=20,
+                timeout=10,
+                **pool.connection_kwargs,
+            )
+        )
         self._inboxes: dict[int, set[queue.Queue]] = defaultdict(set)
         self._lock = threading.Lock()
         self._subscribed = threading.Event()
@@ -134,7 +145,7 @@ def _slots_key(user_id: int) -> str:
 def take_stream_slot(user_id: int, limit: int, seconds: float) -> Callable[[], None] | None:
     """Reserve one of the user's `limit` stream slots for `seconds` (and a minute's grace); returns the
     function that gives it back, or None when all are taken."""
-    connection, key = redis_connection(), _slots_key(user_id)
+    connection, key = _relay().slots, _slots_key(user_id)
     slot, now = uuid.uuid4().hex, time.time()
     pipe = connection.pipeline()  # MULTI: drop expired slots, add ours, count
     pipe.zremrangebyscore(key, "-inf", now)
@@ -156,7 +167,7 @@ def take_stream_slot(user_id: int, limit: int, seconds: float) -> Callable[[], N
 
 
 def open_stream_count(user_id: int) -> int:
-    return redis_connection().zcount(_slots_key(user_id), time.time(), "+inf")
+    return _relay().slots.zcount(_slots_key(user_id), time.time(), "+inf")
 
 
 def sse(event: str, data: str) -> str:
