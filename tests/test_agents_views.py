@@ -1,5 +1,7 @@
 """Admins list, create and edit agents; validation errors show on the form."""
 
+import re
+
 import sqlalchemy as sa
 
 from tests import factories
@@ -13,12 +15,15 @@ def test_create_an_agent(client, auth, admin):
     auth.login(admin)
     form = client.get("/agents/new").text
     assert 'value="smollm2"' in form  # the configured default model
-    assert "save_memory" in form
+    checked = re.findall(r'<input checked[^>]*value="(\w+)"', form)
+    assert checked == ["save_memory", "borrow_context"]  # memory is on for a new agent
+    assert "Remember things" in form
 
     response = client.post("/agents/new", data={**VALID, "enabled_tools": ["save_memory"], "paused": "y"})
 
-    assert (response.status_code, response.headers["Location"]) == (303, "/agents/")
     agent = db.session.scalar(sa.select(Agent))
+    # First run: the next step is a chat with the new agent.
+    assert (response.status_code, response.headers["Location"]) == (303, f"/chats/new?agent={agent.id}")
     assert (agent.name, agent.model_id, agent.enabled_tools, agent.paused) == (
         "Ada",
         "gpt-x",

@@ -101,7 +101,8 @@ def test_chat_page_loads_the_latest_messages_and_older_ones_on_demand(client, si
 
     page = client.get(f"/chats/{chat.id}")
     fragment = client.get(f"/chats/{chat.id}", headers={"HX-Request": "true", "HX-Target": "messages"})
-    first_shown = int(re.search(r"message number (\d+)", page.text).group(1))
+    pane = page.text.split('id="messages"')[1]
+    first_shown = int(re.search(r"message number (\d+)", pane).group(1))
     older_url = re.search(r'hx-get="(/chats/\d+/messages\?before=\d+)"', page.text).group(1)
     older = client.get(older_url)
 
@@ -124,8 +125,8 @@ def test_sending_in_a_one_to_one_chat_asks_the_agent(client, signed_in, ada):
     assert (posted.role, posted.content, posted.user_id) == ("user", "Hello Ada", signed_in.id)
     assert (placeholder.role, placeholder.agent_id, placeholder.status) == ("assistant", ada.id, "pending")
     assert _queued_message_ids() == [[placeholder.id]]
-    assert "Ada is thinking" in response.text
-    assert 'id="composer" class="composer" hx-swap-oob="true"' in response.text  # the composer is cleared
+    assert "Ada will answer in turn" in response.text
+    assert 'id="composer"' not in response.text  # the page clears the composer itself, keeping the focus
 
 
 def test_mentions_ask_the_named_agents_in_order(client, signed_in, ada, basil):
@@ -219,7 +220,7 @@ def test_retry_a_failed_reply(client, signed_in, ada):
     refused = client.post(f"/chats/{chat.id}/messages/{finished.id}/retry")
 
     assert "The reply failed: The model returned HTTP 400: bad" in page and "Retry" in page
-    assert retried.status_code == 200 and "Ada is thinking" in retried.text
+    assert retried.status_code == 200 and "Ada will answer in turn" in retried.text
     assert refused.status_code == 422
     db.session.refresh(failed)
     assert (failed.status, failed.error) == ("pending", None)

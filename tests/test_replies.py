@@ -78,7 +78,15 @@ def test_the_tool_loop_saves_a_memory_and_feeds_the_result_back(app, fake_llm, c
     assert follow_up[-1]["role"] == "tool" and result["saved"] is True
     assert "fade after 7 days" in result["note"]
     reply = _fresh(reply)
-    assert (reply.content, reply.tools_used) == ("I'll remember that.", ["save_memory"])
+    assert reply.content == "I'll remember that."
+    assert reply.tools_used == [
+        {
+            "tool": "save_memory",
+            "state": "done",
+            "chip": "Saved to journal: “Dana likes green tea.”",
+            "memory_id": memory.id,
+        }
+    ]
     audit = db.session.scalar(sa.select(AuditLog))
     assert (audit.action, audit.auditable_id, audit.agent_id, audit.user_id) == (
         "memory_create",
@@ -138,7 +146,7 @@ def test_the_tool_loop_is_bounded(app, fake_llm, chat, ada):
 
     assert len(fake_llm.requests) == 3
     assert "tools" not in fake_llm.requests[-1]  # the last turn must answer in text
-    assert _fresh(reply).content == "thinking"
+    assert _fresh(reply).content == "thinking\n\nthinking\n\nthinking"  # text before each tool call is kept
 
 
 def test_ask_all_answers_in_order_each_seeing_the_replies_before_it(app, fake_llm, admin, ada):
@@ -254,6 +262,7 @@ def test_streamed_text_is_published_for_the_chat_page(app, fake_llm, chat, ada, 
     polled = (pubsub.get_message(timeout=0.01) for _ in range(50))
     published = [json.loads(m["data"]) for m in polled if m is not None]
     assert [(e["kind"], e["text"]) for e in published] == [
+        ("final", ""),  # its turn began: the page shows it thinking
         ("delta", "Hello"),
         ("delta", " there"),
         ("delta", " friend"),

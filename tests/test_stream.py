@@ -40,7 +40,7 @@ def test_the_stream_relays_deltas_escaped_and_the_final_message_rendered(app, cl
         thread.join()
 
     assert response.mimetype == "text/event-stream"
-    assert f"event: delta-{reply.id}\ndata: &lt;b&gt;Hi\n\n" in body
+    assert f"event: delta-{reply.id}\ndata: <p>&lt;b&gt;Hi</p>\n" in body  # markdown, sanitized
     assert "not for this chat" not in body
     final = body.split(f"event: final-{reply.id}\n")[1]
     assert f'id="message-{reply.id}"' in final and "<strong>Hi</strong> there" in final

@@ -1,19 +1,26 @@
 """Agents: list, create, edit (admins only)."""
 
 import sqlalchemy as sa
-from flask import Blueprint, current_app, redirect, render_template, url_for
+from flask import Blueprint, current_app, flash, redirect, render_template, url_for
 from flask_login import current_user
 from flask_wtf import FlaskForm
 from wtforms import BooleanField, IntegerField, SelectMultipleField, StringField, TextAreaField, widgets
 from wtforms.validators import DataRequired, Length, NumberRange, Optional, Regexp, ValidationError
 
+from webapp import llm
 from webapp.auth import admin_required, owned_or_404
 from webapp.extensions import db
 from webapp.models import Agent
-from webapp.models.agents import DEFAULT_TOOLS
 from webapp.tools import REGISTRY
 
 bp = Blueprint("agents", __name__, url_prefix="/agents")
+
+# What each tool does, in words for the person setting up an agent (the descriptions are written for the model).
+TOOL_LABELS = {
+    "save_memory": "Remember things: saves what matters (or what you ask it to remember) to its memory",
+    "borrow_context": "Look into its other conversations: reads recent messages of another chat it is in, when that helps",
+    "recall": "Search its memory: looks up older memories when a question needs them",
+}
 
 
 class AgentForm(FlaskForm):
@@ -28,7 +35,7 @@ class AgentForm(FlaskForm):
     system_prompt = TextAreaField("System prompt", validators=[Length(max=20_000)])
     model_id = StringField("Model", validators=[DataRequired(), Length(max=200)])
     enabled_tools = SelectMultipleField(
-        "Tools", widget=widgets.ListWidget(prefix_label=False), option_widget=widgets.CheckboxInput()
+        "What it may do", widget=widgets.ListWidget(prefix_label=False), option_widget=widgets.CheckboxInput()
     )
     core_token_budget = IntegerField(
         "Core memory budget (tokens)", validators=[NumberRange(min=100, max=200_000)]
@@ -43,7 +50,8 @@ class AgentForm(FlaskForm):
         super().__init__(*args, obj=agent, **kwargs)
         self.agent = agent
         self.enabled_tools.choices = [
-            (name, f"{name}: {tool.description.split('. ')[0]}.") for name, tool in REGISTRY.items()
+            (name, TOOL_LABELS.get(name, f"{name}: {tool.description.split('. ')[0]}."))
+            for name, tool in REGISTRY.items()
         ]
 
     def validate_name(self, field) -> None:
@@ -72,13 +80,24 @@ def index():
 @admin_required
 def new():
     """Create an agent."""
-    defaults = {"model_id": current_app.config["DEFAULT_MODEL_ID"], "core_token_budget": 5000}
-    form = AgentForm(data={**defaults, "enabled_tools": list(DEFAULT_TOOLS)})
+    defaults = {
+        "model_id": current_app.config["DEFAULT_MODEL_ID"],
+        "core_token_budget": 5000,
+        "enabled_tools": list(REGISTRY),  # memory is the point: every tool is on for a new agent
+    }
+    form = AgentForm(data=defaults)
     if form.validate_on_submit():
         agent = Agent(account_id=current_user.account_id)
         _save(form, agent)
-        return redirect(url_for("agents.index"), code=303)
-    return render_template("agents/form.html", form=form, agent=None), 422 if form.errors else 200
+        flash(f"{agent.name} is ready. Start a chat with {agent.name} below.")
+        return redirect(url_for("chats.new", agent=agent.id), code=303)
+    return _form_page(form, None)
+
+
+def _form_page(form: AgentForm, agent: Agent | None):
+    models = llm.available_models()
+    html = render_template("agents/form.html", form=form, agent=agent, models=models)
+    return html, 422 if form.errors else 200
 
 
 @bp.route("/<int:agent_id>/edit", methods=["GET", "POST"])
@@ -90,7 +109,7 @@ def edit(agent_id: int):
     if form.validate_on_submit():
         _save(form, agent)
         return redirect(url_for("agents.index"), code=303)
-    return render_template("agents/form.html", form=form, agent=agent), 422 if form.errors else 200
+    return _form_page(form, agent)
 
 
 def _save(form: AgentForm, agent: Agent) -> None:

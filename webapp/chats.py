@@ -18,7 +18,6 @@ from flask import (
 )
 from flask_login import current_user, login_required
 from flask_wtf import FlaskForm
-from markupsafe import escape
 from sqlalchemy.orm import joinedload, selectinload
 from wtforms import SelectMultipleField, StringField, TextAreaField, widgets
 from wtforms.validators import DataRequired, Length, ValidationError
@@ -28,9 +27,11 @@ from webapp.auth import owned_or_404
 from webapp.extensions import db
 from webapp.guards import replies_limit
 from webapp.jobs.followups import after_new_message
-from webapp.jobs.replies import request_replies, retry_reply
+from webapp.jobs.replies import request_replies, retry_reply, stop_reply
+from webapp.markdown import render_markdown
 from webapp.models import Agent, AuditLog, Chat, ChatAgent, Message
 from webapp.models.chats import other_conversations
+from webapp.models.memories import prompt_memories
 from webapp.timeutil import utcnow
 
 bp = Blueprint("chats", __name__, url_prefix="/chats")
@@ -63,6 +64,54 @@ class MessageForm(FlaskForm):
             raise ValidationError(f"That message has {len(text):,} characters; the limit is {limit:,}.")
 
 
+SIDEBAR_CHATS = 50  # the chats listed beside a conversation, most recently active first
+PREVIEW_CHARS = 90
+
+
+@dataclass
+class ChatRow:
+    """A chat as the lists show it: the chat and its last finished message, if any."""
+
+    chat: Chat
+    last: Message | None
+
+    @property
+    def preview(self) -> str:
+        if self.last is None:
+            return "No messages yet"
+        who = f"{self.last.author_name}: " if self.last.role == "assistant" else ""
+        return who + " ".join(self.last.excerpt(PREVIEW_CHARS).split())
+
+
+def _chat_rows(discarded: bool = False, limit: int | None = None) -> list[ChatRow]:
+    """The account's chats, most recently active first, each with its last finished message (two queries)."""
+    query = (
+        sa.select(Chat)
+        .options(selectinload(Chat.agents))
+        .where(Chat.account_id == current_user.account_id)
+        .where(Chat.discarded_at.is_not(None) if discarded else Chat.discarded_at.is_(None))
+        .order_by(Chat.last_message_at.desc(), Chat.id.desc())
+        .limit(limit)
+    )
+    chats = db.session.scalars(query).all()
+    last_ids = (
+        sa.select(sa.func.max(Message.id))
+        .where(
+            Message.chat_id.in_([c.id for c in chats]),
+            Message.role.in_(("user", "assistant")),
+            Message.status == "done",
+        )
+        .group_by(Message.chat_id)
+    )
+    lasts = db.session.scalars(
+        sa.select(Message)
+        .options(joinedload(Message.user), joinedload(Message.agent))
+        .where(Message.id.in_(last_ids))
+    ).all()
+    by_chat = {m.chat_id: m for m in lasts}
+    return [ChatRow(c, by_chat.get(c.id)) for c in chats]
+
+
 def _account_agents() -> list[Agent]:
     return db.session.scalars(
         sa.select(Agent).where(Agent.account_id == current_user.account_id).order_by(Agent.name)
@@ -74,15 +123,10 @@ def _account_agents() -> list[Agent]:
 def index():
     """The account's chats, most recently active first (or the discarded ones)."""
     discarded = request.args.get("discarded") == "1"
-    chats = db.session.scalars(
-        sa.select(Chat)
-        .options(selectinload(Chat.agents))
-        .where(Chat.account_id == current_user.account_id)
-        .where(Chat.discarded_at.is_not(None) if discarded else Chat.discarded_at.is_(None))
-        .order_by(Chat.last_message_at.desc(), Chat.id.desc())
-    ).all()
+    rows = _chat_rows(discarded)
     template = "chats/_list.html" if request.headers.get("HX-Target") == "chat-list" else "chats/index.html"
-    response = Response(render_template(template, chats=chats, discarded=discarded))
+    has_agents = bool(_account_agents())
+    response = Response(render_template(template, rows=rows, discarded=discarded, has_agents=has_agents))
     response.vary.add("HX-Request")
     return response
 
@@ -93,6 +137,13 @@ def new():
     """Start a chat with one agent (it answers every message) or several (they answer when asked)."""
     form = ChatForm()
     form.agent_ids.choices = [(a.id, a.name) for a in _account_agents()]
+    if request.method == "GET":
+        preselected = request.args.get("agent", type=int)
+        form.agent_ids.data = (
+            [preselected]
+            if preselected
+            else ([form.agent_ids.choices[0][0]] if len(form.agent_ids.choices) == 1 else [])
+        )
     if form.validate_on_submit():
         chosen = [a for a in _account_agents() if a.id in form.agent_ids.data]
         chat = Chat(account_id=current_user.account_id, title=(form.title.data or "").strip())
@@ -138,10 +189,16 @@ def show(chat_id: int):
         else:
             in_chat = {a.id for a in chat.agents}
             addable = [a for a in _account_agents() if a.id not in in_chat]
+            sidebar = _chat_rows(limit=SIDEBAR_CHATS)
             response = Response(
-                render_template("chats/show.html", addable=addable, **context, **_panel(chat))
+                render_template(
+                    "chats/show.html", addable=addable, sidebar=sidebar, **context, **_panel(chat)
+                )
             )
     response.vary.add("HX-Request")
+    response.headers["Cache-Control"] = (
+        "no-store"  # Back to a chat shows it as it is now, not as first loaded
+    )
     return response
 
 
@@ -214,24 +271,64 @@ def _message_in(chat: Chat, message_id: int) -> Message:
 @login_required
 @replies_limit
 def send(chat_id: int):
-    """Post a message; the single agent of a one-to-one chat, or each @mentioned agent, is asked to reply."""
+    """Post a message; the single agent of a one-to-one chat, each @mentioned agent, and the agent of the Ask
+    button pressed (ask=ID or ask=all) are asked to reply. Ask with an empty draft only asks."""
     chat = _open_chat(chat_id)
     form = MessageForm()
+    ask = request.form.get("ask", "")
+    if ask and not (form.content.data or "").strip():
+        return _ask(chat, ask)
     if not form.validate():
         return _composer_error(chat, form)
     content = form.content.data.strip()
     posted = chat.add_message(role="user", content=content, user=current_user, status="done")
-    asked = chat.agents if not chat.manual_responses else chat.mentioned_agents(content)
+    asked = _asked(chat, content, ask)
     replies = request_replies(chat, [a for a in asked if not a.paused])
     after_new_message(chat)
     db.session.commit()
+    _announce_new(chat, [posted, *replies])
     return render_template(
         "chats/_sent.html",
         chat=chat,
         messages=[posted, *replies],
-        form=MessageForm(formdata=None),
+        form=None,
+        nobody_asked=not asked,
         stuck_after=STUCK_AFTER,
     )
+
+
+def _asked(chat: Chat, content: str, ask: str) -> list[Agent]:
+    """Who answers a message: everyone in a one-to-one chat, else the @mentioned and the asked, in chat order
+    for "all", mentions first otherwise."""
+    if not chat.manual_responses:
+        return list(chat.agents)
+    if ask == "all":
+        return list(chat.agents)
+    asked = chat.mentioned_agents(content)
+    pressed = [a for a in chat.agents if str(a.id) == ask and a not in asked]
+    return asked + pressed
+
+
+def _ask(chat: Chat, wanted: str):
+    """Ask one agent of the chat (an id) or all of them one after another ("all") to reply."""
+    agents = [a for a in chat.agents if wanted == "all" or str(a.id) == wanted]
+    if not agents:
+        return _notice("That agent is not in this chat.", 422)
+    ready = [a for a in agents if not a.paused]
+    if not ready:
+        return _notice(f"{agents[0].name} is paused.", 422)
+    replies = request_replies(chat, ready)
+    db.session.commit()
+    _announce_new(chat, replies)
+    return render_template(
+        "chats/_sent.html", chat=chat, messages=replies, form=None, stuck_after=STUCK_AFTER
+    )
+
+
+def _announce_new(chat: Chat, messages: list[Message]) -> None:
+    """Tell the chat's other open pages about new messages, so other people's messages arrive live."""
+    for posted in messages:
+        events.publish(chat.id, "new", posted.id)
 
 
 def _composer_error(chat: Chat, form: MessageForm):
@@ -245,19 +342,7 @@ def _composer_error(chat: Chat, form: MessageForm):
 @replies_limit
 def trigger(chat_id: int):
     """Ask one agent of the chat (agent_id=ID) or all of them one after another (agent_id=all) to reply."""
-    chat = _open_chat(chat_id)
-    wanted = request.form.get("agent_id", "")
-    agents = [a for a in chat.agents if wanted == "all" or str(a.id) == wanted]
-    if not agents:
-        return _notice("That agent is not in this chat.", 422)
-    ready = [a for a in agents if not a.paused]
-    if not ready:
-        return _notice(f"{agents[0].name} is paused.", 422)
-    replies = request_replies(chat, ready)
-    db.session.commit()
-    return render_template(
-        "chats/_sent.html", chat=chat, messages=replies, form=None, stuck_after=STUCK_AFTER
-    )
+    return _ask(_open_chat(chat_id), request.form.get("agent_id", ""))
 
 
 def _notice(text: str, status: int):
@@ -281,6 +366,103 @@ def retry(chat_id: int, message_id: int):
     return render_template("chats/_message.html", chat=chat, message=found, stuck_after=STUCK_AFTER)
 
 
+def _latest_id(chat: Chat) -> int | None:
+    return db.session.scalar(sa.select(sa.func.max(Message.id)).where(Message.chat_id == chat.id))
+
+
+@bp.post("/<int:chat_id>/messages/<int:message_id>/stop")
+@login_required
+def stop(chat_id: int, message_id: int):
+    """Stop a reply being generated (it keeps what it wrote) or waiting for its turn."""
+    chat = _open_chat(chat_id)
+    found = _message_in(chat, message_id)
+    if found.role == "assistant" and found.status in ("pending", "streaming"):
+        stop_reply(found)
+        db.session.commit()
+        events.publish(chat.id, "final", found.id)
+    return render_template("chats/_message.html", chat=chat, message=found, stuck_after=STUCK_AFTER)
+
+
+@bp.post("/<int:chat_id>/messages/<int:message_id>/regenerate")
+@login_required
+def regenerate(chat_id: int, message_id: int):
+    """Generate the chat's last reply again, in place."""
+    chat = _open_chat(chat_id)
+    found = _message_in(chat, message_id)
+    if found.role != "assistant" or found.status != "done" or found.id != _latest_id(chat):
+        return _notice("Only the last reply of the chat can be regenerated.", 422)
+    if found.agent is None or found.agent.paused:
+        return _notice("This agent is paused or gone; it cannot answer again.", 422)
+    retry_reply(found)
+    db.session.commit()
+    return render_template("chats/_message.html", chat=chat, message=found, stuck_after=STUCK_AFTER)
+
+
+def _editable(chat: Chat, message_id: int) -> Message:
+    """Your own last message: after it come only agents' replies to it."""
+    found = _message_in(chat, message_id)
+    later_other = db.session.scalar(
+        sa.select(sa.func.count(Message.id)).where(
+            Message.chat_id == chat.id, Message.id > found.id, Message.role != "assistant"
+        )
+    )
+    if found.role != "user" or found.user_id != current_user.id or later_other:
+        abort(409, "Only your own last message can be edited.")
+    return found
+
+
+@bp.route("/<int:chat_id>/messages/<int:message_id>/edit", methods=["GET", "POST"])
+@login_required
+def edit_message(chat_id: int, message_id: int):
+    """Edit your last message and send it again: its replies are replaced by new ones."""
+    chat = _open_chat(chat_id)
+    found = _editable(chat, message_id)
+    if request.method == "GET":
+        return render_template("chats/_edit.html", chat=chat, message=found, content=found.content)
+    form = MessageForm()
+    if not form.validate():
+        error = form.content.errors[0]
+        html = render_template(
+            "chats/_edit.html", chat=chat, message=found, content=form.content.data, error=error
+        )
+        return html, 422
+    replies = db.session.scalars(
+        sa.select(Message).where(Message.chat_id == chat.id, Message.id > found.id).order_by(Message.id)
+    ).all()
+    answered = [r.agent for r in replies if r.agent is not None]
+    for reply in replies:
+        stop_reply(reply)
+        db.session.delete(reply)
+    found.content = form.content.data.strip()
+    asked = answered or _asked(chat, found.content, "")
+    new_replies = request_replies(chat, [a for a in asked if not a.paused])
+    db.session.commit()
+    _announce_new(chat, new_replies)
+    return render_template(
+        "chats/_edited.html",
+        chat=chat,
+        message=found,
+        removed=replies,
+        replies=new_replies,
+        stuck_after=STUCK_AFTER,
+    )
+
+
+@bp.get("/<int:chat_id>/agents/<int:agent_id>/memory")
+@login_required
+def agent_memory(chat_id: int, agent_id: int):
+    """What an agent of this chat remembers, read-only: exactly the memories its next prompt holds (core
+    memories and the journal of the last 7 days). Admins get a link to the ledger to change them."""
+    chat = owned_or_404(Chat, chat_id)
+    agent = next((a for a in chat.agents if a.id == agent_id), None)
+    if agent is None:
+        abort(404)
+    memories = db.session.scalars(prompt_memories(agent.id, utcnow())).all()
+    core = [m for m in memories if m.memory_type == "core"]
+    journal = [m for m in memories if m.memory_type == "journal"]
+    return render_template("chats/agent_memory.html", chat=chat, agent=agent, core=core, journal=journal)
+
+
 @bp.post("/<int:chat_id>/rename")
 @login_required
 def rename(chat_id: int):
@@ -291,7 +473,7 @@ def rename(chat_id: int):
         return _notice("A title has at most 200 characters.", 422)
     chat.title = title
     db.session.commit()
-    return render_template("chats/_title.html", chat=chat)
+    return render_template("chats/_title.html", chat=chat, renamed=True)
 
 
 @bp.post("/<int:chat_id>/agents")
@@ -375,12 +557,18 @@ def stream(chat_id: int):
 
     def generate():
         yield ": connected\n\n"
+        streamed: dict[int, str] = {}  # each reply's text since its last "final" event
         for event in events.listen(chat.id, seconds, keepalive):
             if event is None:
                 yield ": keepalive\n\n"
             elif event["kind"] == "delta":
-                yield events.sse(f"delta-{event['message_id']}", str(escape(event["text"])))
+                text = streamed.get(event["message_id"], "") + event["text"]
+                streamed[event["message_id"]] = text
+                yield events.sse(f"delta-{event['message_id']}", str(render_markdown(text)))
+            elif event["kind"] == "new":
+                yield events.sse("message", _render_final(chat, event["message_id"]))
             else:
+                streamed.pop(event["message_id"], None)
                 yield events.sse(f"final-{event['message_id']}", _render_final(chat, event["message_id"]))
 
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -392,6 +580,9 @@ def stream(chat_id: int):
 
 def _render_final(chat: Chat, message_id: int) -> str:
     found = db.session.get(Message, message_id)  # a fresh transaction: sees what the worker just committed
+    if found is None or found.chat_id != chat.id:
+        db.session.close()
+        return ""
     html = render_template("chats/_message.html", chat=chat, message=found, stuck_after=STUCK_AFTER)
     db.session.close()  # hold no database connection while waiting for the next event
     return html

@@ -197,3 +197,16 @@ def _record(fields: dict[str, Any], started: float, **outcome: Any) -> None:
     }
     with db.engine.begin() as conn:
         conn.execute(sa.insert(LlmCall), [row])
+
+
+MODELS_TIMEOUT_SECONDS = 3
+
+
+def available_models() -> list[str]:
+    """The model ids the provider lists at /v1/models, sorted; empty when it lists none or cannot be reached
+    (the agent form then takes any id typed in)."""
+    try:
+        listed = _client().with_options(timeout=MODELS_TIMEOUT_SECONDS).models.list()
+        return sorted({m.id for m in listed})
+    except openai.OpenAIError:
+        return []

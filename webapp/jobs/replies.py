@@ -2,12 +2,13 @@
 
 import logging
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from flask import current_app
 from rq import get_current_job
 
-from webapp import events, llm
+from webapp import events, llm, tool_steps
 from webapp.extensions import db
 from webapp.jobs.followups import after_new_message
 from webapp.llm import LLMError
@@ -22,6 +23,18 @@ REPLY_CLAIM_SECONDS = 1_800  # longer than any reply takes; a killed worker's cl
 
 class ReplyFailed(Exception):
     """Some replies of a job failed for good; each message already shows its own reason."""
+
+
+class ReplyStopped(Exception):
+    """The person pressed Stop while this reply was being generated."""
+
+
+def _stop_key(message_id: int) -> str:
+    return f"cairn:stop:{message_id}"
+
+
+def stop_requested(message_id: int) -> bool:
+    return bool(redis_connection().exists(_stop_key(message_id)))
 
 
 def _target(message_ids: list[int]) -> str:
@@ -41,6 +54,8 @@ def respond(message_ids: list[int]) -> dict[str, int]:
         message = db.session.get(Message, message_id)
         if message is None or message.status == "done":
             continue  # already answered by an earlier attempt of this job
+        if stop_requested(message_id):
+            continue  # stopped before its turn came; the stop marked it
         claim = _claim(message_id)
         if claim is None:
             continue  # another worker is generating this reply right now (a retry of a slow one)
@@ -75,13 +90,21 @@ def _release(message_id: int, token: str) -> None:
 
 def generate_reply(message: Message) -> None:
     """Run the agent's tool loop for this placeholder message and store the final answer (or the failure)."""
-    message.status, message.error = "streaming", None
+    message.status, message.error, message.content, message.tools_used = "streaming", None, "", None
     db.session.commit()
+    events.publish(message.chat_id, "final", message.id)  # its turn: the page shows who is thinking now
+    stopped = False
     try:
         prompt = build_prompt(message.chat, message.agent, before_message_id=message.id)
-        text, prompt_tokens, completion_tokens, tools_used = _tool_loop(message, prompt.messages)
+        text, prompt_tokens, completion_tokens = _tool_loop(message, prompt.messages)
         if not text.strip():
             raise LLMError("The model returned an empty reply.", retryable=False)
+    except ReplyStopped as stop:
+        stopped, text, prompt_tokens, completion_tokens = True, str(stop), 0, 0
+        redis_connection().delete(_stop_key(message.id))
+        if not text.strip():
+            _unfinished(message, "Stopped before it said anything.", False)
+            return
     except LLMError as error:
         will_retry = error.retryable and _retries_left() > 0
         _unfinished(message, f"{error} Trying again shortly." if will_retry else str(error), will_retry)
@@ -92,8 +115,8 @@ def generate_reply(message: Message) -> None:
         raise
     message.content = text.strip()
     message.status = "done"
+    message.error = "Stopped." if stopped else None
     message.input_tokens, message.output_tokens = prompt_tokens, completion_tokens
-    message.tools_used = tools_used or None
     record_sources(message, prompt)
     _after_success(message, prompt.borrowed_context)
     db.session.commit()
@@ -117,14 +140,19 @@ def _unfinished(message: Message, reason: str, will_retry: bool) -> None:
     events.publish(message.chat_id, "final", message.id)
 
 
-def _tool_loop(message: Message, messages: list[dict[str, Any]]) -> tuple[str, int, int, list[str]]:
-    """Ask the model, run the tools it calls, feed the results back; the last turn offers no tools."""
+def _tool_loop(message: Message, messages: list[dict[str, Any]]) -> tuple[str, int, int]:
+    """Ask the model, run the tools it calls, feed the results back; the last turn offers no tools.
+
+    Text written before a tool call is kept (it starts the reply), and each call shows on the page as a step,
+    then as a chip saying what it did (message.tools_used). Stop raises ReplyStopped with the text so far.
+    """
     chat, agent = message.chat, message.agent
     tools = schemas_for(agent.enabled_tools)
     context = ToolContext(agent=agent, chat=chat, message=message)
     max_turns = current_app.config["REPLY_MAX_TOOL_TURNS"]
     prompt_tokens = completion_tokens = 0
-    tools_used: list[str] = []
+    written: list[str] = []  # the text of finished turns
+    steps: list[dict[str, Any]] = []
     for turn in range(max_turns):
         db.session.commit()  # hold no transaction (and no SQLite lock) while the model thinks
         fit_to_budget(messages)  # tool results may have grown the prompt since the last call
@@ -135,12 +163,13 @@ def _tool_loop(message: Message, messages: list[dict[str, Any]]) -> tuple[str, i
             tools=tools if tools and turn < max_turns - 1 else None,
             agent_id=agent.id,
             chat_id=chat.id,
-            on_text=lambda delta: events.publish(chat.id, "delta", message.id, delta),
+            on_text=_relay(message, written),
         )
         prompt_tokens += result.prompt_tokens
         completion_tokens += result.completion_tokens
+        written.append(result.text)
         if not result.tool_calls:
-            return result.text, prompt_tokens, completion_tokens, tools_used
+            break
         messages.append(
             {
                 "role": "assistant",
@@ -149,9 +178,41 @@ def _tool_loop(message: Message, messages: list[dict[str, Any]]) -> tuple[str, i
             }
         )
         for call in result.tool_calls:
-            messages.append(run_tool_call(call, context).as_message(call.id))
-            tools_used.append(call.name)
-    return result.text, prompt_tokens, completion_tokens, tools_used
+            try:
+                arguments = call.parsed_arguments()
+            except ValueError:
+                arguments = {}
+            steps.append(tool_steps.running(call.name, arguments, chat.account_id))
+            _show_progress(message, _joined(written), steps)
+            outcome = run_tool_call(call, context)
+            messages.append(outcome.as_message(call.id))
+            steps[-1] = tool_steps.finished(call.name, arguments, outcome.result, chat.account_id)
+            _show_progress(message, _joined(written), steps)
+    return _joined(written), prompt_tokens, completion_tokens
+
+
+def _relay(message: Message, written: list[str]) -> Callable[[str], None]:
+    """Publish each streamed delta to the chat page; on Stop, raise with the text written so far."""
+    streamed: list[str] = []
+
+    def on_text(delta: str) -> None:
+        if stop_requested(message.id):
+            raise ReplyStopped(_joined([*written, "".join(streamed)]))
+        streamed.append(delta)
+        events.publish(message.chat_id, "delta", message.id, delta)
+
+    return on_text
+
+
+def _joined(texts: list[str]) -> str:
+    return "\n\n".join(t.strip() for t in texts if t.strip())
+
+
+def _show_progress(message: Message, text: str, steps: list[dict[str, Any]]) -> None:
+    """Store the text so far and the tool steps on the unfinished reply, and show them on the page."""
+    message.content, message.tools_used = text, [dict(s) for s in steps]
+    db.session.commit()
+    events.publish(message.chat_id, "final", message.id)
 
 
 def _retries_left() -> int:
@@ -170,7 +231,15 @@ def request_replies(chat: Chat, agents: list[Agent]) -> list[Message]:
 
 
 def retry_reply(message: Message) -> None:
-    """Put a failed (or stuck) reply back in the queue; a stuck reply's claim died with its worker."""
-    message.status, message.error = "pending", None
-    redis_connection().delete(f"cairn:replying:{message.id}")
+    """Put a failed, stuck or finished reply back in the queue (Retry, Regenerate); a stuck reply's claim died
+    with its worker."""
+    message.status, message.error, message.content, message.tools_used = "pending", None, "", None
+    redis_connection().delete(f"cairn:replying:{message.id}", _stop_key(message.id))
     enqueue(respond, [message.id])
+
+
+def stop_reply(message: Message) -> None:
+    """Stop a reply: a queued one is marked stopped now; one being generated stops at its next token."""
+    redis_connection().set(_stop_key(message.id), "1", ex=REPLY_CLAIM_SECONDS)
+    if message.status == "pending":
+        message.status, message.error = "failed", "Stopped before it began."

@@ -1,19 +1,265 @@
-// Small behaviours htmx does not cover: Enter sends (Shift+Enter is a newline), keep the newest message in view.
+// Small behaviours htmx does not cover, for the chat page first: the composer keeps the focus and clears what it
+// sent, Enter sends (Shift+Enter is a newline), @ suggests agent names, the newest message stays in view, new
+// replies are announced to screen readers, copy buttons, local times, confirmations.
+
+const composerInput = () => document.getElementById("composer-input");
+
+function focusComposer() {
+  const box = composerInput();
+  if (box && !box.disabled) box.focus({ preventScroll: true });
+}
+
+function growComposer(box) {
+  box.style.height = "auto";
+  box.style.height = `${Math.min(box.scrollHeight + 2, window.innerHeight * 0.4)}px`;
+}
+
+// --- sending -------------------------------------------------------------------------------------------------
+let sentText = null;
+
+document.addEventListener("htmx:beforeRequest", (event) => {
+  if (event.detail.elt.id === "composer") sentText = composerInput()?.value ?? null;
+});
+
+document.addEventListener("htmx:afterRequest", (event) => {
+  if (event.detail.elt.id !== "composer") return;
+  const box = composerInput();
+  if (event.detail.successful && box && box.value === sentText) {
+    box.value = "";  // cleared only if nothing was typed meanwhile
+    growComposer(box);
+  }
+  focusComposer();
+});
+
 document.addEventListener("keydown", (event) => {
   const box = event.target;
-  if (box.matches?.("#composer textarea") && event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+  if (!box.matches?.("#composer-input")) return;
+  if (mentionKeydown(event, box)) return;
+  if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
     event.preventDefault();
     if (box.value.trim()) htmx.trigger(box.form, "submit");
   }
 });
 
-function scrollMessagesToEnd() {
-  const list = document.getElementById("messages");
-  if (list) list.scrollTop = list.scrollHeight;
+document.addEventListener("input", (event) => {
+  if (event.target.matches?.("#composer-input")) {
+    growComposer(event.target);
+    showMentions(event.target);
+  }
+});
+
+// --- @ autocomplete ------------------------------------------------------------------------------------------
+function mentionQuery(box) {
+  const before = box.value.slice(0, box.selectionStart);
+  const match = before.match(/(^|\s)@([\w .'-]{0,40})$/);
+  return match ? { start: before.length - match[2].length - 1, text: match[2].toLowerCase() } : null;
 }
 
-document.addEventListener("DOMContentLoaded", scrollMessagesToEnd);
-document.addEventListener("htmx:afterSwap", (event) => {
-  if (event.detail.target.id === "messages") scrollMessagesToEnd();
+function mentionList() {
+  let list = document.getElementById("mentions");
+  if (!list) {
+    list = document.createElement("ul");
+    list.id = "mentions";
+    list.className = "mentions";
+    list.setAttribute("aria-label", "Agents");
+    composerInput().closest(".compose-row").append(list);
+  }
+  return list;
+}
+
+function hideMentions() {
+  document.getElementById("mentions")?.remove();
+}
+
+function showMentions(box) {
+  const names = (box.dataset.agents || "").split("|").filter(Boolean);
+  const query = mentionQuery(box);
+  const matches = query ? names.filter((n) => n.toLowerCase().startsWith(query.text)) : [];
+  if (names.length < 2 || !matches.length || (matches.length === 1 && matches[0].toLowerCase() === query.text)) {
+    hideMentions();
+    return;
+  }
+  const list = mentionList();
+  list.replaceChildren(...matches.map((name, i) => {
+    const item = document.createElement("li");
+    const button = document.createElement("button");
+    button.type = "button";
+    button.textContent = `@${name}`;
+    button.dataset.name = name;
+    if (i === 0) button.classList.add("active");
+    button.addEventListener("mousedown", (e) => e.preventDefault());  // keep the focus in the composer
+    button.addEventListener("click", () => insertMention(box, name));
+    item.append(button);
+    return item;
+  }));
+}
+
+function insertMention(box, name) {
+  const query = mentionQuery(box);
+  if (!query) return;
+  const after = box.value.slice(box.selectionStart);
+  box.value = `${box.value.slice(0, query.start)}@${name} ${after}`;
+  const caret = query.start + name.length + 2;
+  box.setSelectionRange(caret, caret);
+  hideMentions();
+  box.focus();
+}
+
+function mentionKeydown(event, box) {
+  const list = document.getElementById("mentions");
+  if (!list) return false;
+  const buttons = [...list.querySelectorAll("button")];
+  const active = buttons.findIndex((b) => b.classList.contains("active"));
+  if (event.key === "ArrowDown" || event.key === "ArrowUp") {
+    const next = (active + (event.key === "ArrowDown" ? 1 : buttons.length - 1)) % buttons.length;
+    buttons.forEach((b, i) => b.classList.toggle("active", i === next));
+  } else if (event.key === "Enter" || event.key === "Tab") {
+    insertMention(box, buttons[Math.max(active, 0)].dataset.name);
+  } else if (event.key === "Escape") {
+    hideMentions();
+  } else {
+    return false;
+  }
+  event.preventDefault();
+  return true;
+}
+
+// --- the message pane ----------------------------------------------------------------------------------------
+function nearEnd(list) {
+  return list.scrollHeight - list.scrollTop - list.clientHeight < 160;
+}
+
+let followEnd = true;
+function scrollMessagesToEnd() {
+  const list = document.getElementById("messages");
+  if (list && followEnd) list.scrollTop = list.scrollHeight;
+}
+
+document.addEventListener("scroll", (event) => {
+  if (event.target.id === "messages") followEnd = nearEnd(event.target);
+}, true);
+
+// Messages from other people (and other tabs) arrive on the stream as "message"; skip ones already shown.
+document.addEventListener("htmx:sseBeforeMessage", (event) => {
+  if (event.detail.type !== "message") return;
+  const id = event.detail.data.match(/id="(message-\d+)"/)?.[1];
+  if (!id || document.getElementById(id)) event.preventDefault();
+});
+
+function removeDuplicates() {
+  const seen = new Set();
+  document.querySelectorAll("#messages > article[id]").forEach((article) => {
+    if (seen.has(article.id)) article.remove();
+    seen.add(article.id);
+  });
+}
+
+// Edit is offered on your own message only while nothing but replies follow it.
+function markEditable() {
+  const articles = [...document.querySelectorAll("#messages > article.message")];
+  articles.forEach((a) => a.classList.remove("editable"));
+  const lastNonReply = articles.filter((a) => !a.classList.contains("assistant")).pop();
+  if (lastNonReply?.classList.contains("mine")) lastNonReply.classList.add("editable");
+}
+
+function announce(element) {
+  const announcer = document.getElementById("announcer");
+  if (!announcer || !element.dataset?.announce) return;
+  const text = element.querySelector(".body")?.innerText ?? "";
+  announcer.textContent = `${element.dataset.announce} ${text.slice(0, 300)}`;
+}
+
+// --- copy ----------------------------------------------------------------------------------------------------
+async function copyText(text, button) {
+  try {
+    await navigator.clipboard.writeText(text);
+  } catch {
+    const area = Object.assign(document.createElement("textarea"), { value: text });
+    document.body.append(area);
+    area.select();
+    document.execCommand("copy");
+    area.remove();
+  }
+  const label = button.textContent;
+  button.textContent = "Copied";
+  setTimeout(() => { button.textContent = label; }, 1500);
+}
+
+document.addEventListener("click", (event) => {
+  const button = event.target.closest?.("[data-copy], .copy-code");
+  if (!button) return;
+  const source = button.matches(".copy-code") ? button.parentElement.querySelector("code, pre")
+    : document.querySelector(button.dataset.copy);
+  if (source) copyText(source.innerText, button);
+});
+
+function addCodeCopyButtons(root) {
+  root.querySelectorAll?.(".message .body:not(.streaming) pre").forEach((pre) => {
+    if (pre.parentElement.classList.contains("code-block")) return;
+    const wrap = document.createElement("div");
+    wrap.className = "code-block";
+    pre.replaceWith(wrap);
+    const button = Object.assign(document.createElement("button"), { type: "button", className: "copy-code", textContent: "Copy code" });
+    wrap.append(button, pre);
+  });
+}
+
+// --- times ---------------------------------------------------------------------------------------------------
+const relative = new Intl.RelativeTimeFormat(undefined, { numeric: "auto", style: "short" });
+function localTimes(root) {
+  const now = Date.now();
+  root.querySelectorAll?.("time[data-relative]").forEach((time) => {
+    const seconds = (new Date(time.dateTime) - now) / 1000;
+    const [unit, size] = [["day", 86400], ["hour", 3600], ["minute", 60]].find(([, s]) => Math.abs(seconds) >= s) || ["second", 1];
+    time.textContent = Math.abs(seconds) < 60 ? "just now" : relative.format(Math.round(seconds / size), unit);
+    time.title = new Date(time.dateTime).toLocaleString();
+  });
+  root.querySelectorAll?.("time[data-clock]").forEach((time) => {
+    const when = new Date(time.dateTime);
+    const today = new Date().toDateString() === when.toDateString();
+    const clock = when.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+    time.textContent = today ? clock : `${when.toLocaleDateString([], { month: "short", day: "numeric" })}, ${clock}`;
+    time.title = when.toLocaleString();
+  });
+}
+
+// --- confirmations and the details panel ---------------------------------------------------------------------
+document.addEventListener("submit", (event) => {
+  const question = event.target.dataset?.confirm;
+  if (question && !window.confirm(question)) event.preventDefault();
+}, true);
+
+document.addEventListener("click", (event) => {
+  const toggle = event.target.closest?.(".info-toggle");
+  if (!toggle) return;
+  const open = document.body.classList.toggle("info-open");
+  document.querySelectorAll(".info-toggle").forEach((b) => b.setAttribute("aria-expanded", String(open)));
+  if (open) document.getElementById("chat-info")?.focus();
+});
+
+// --- wiring --------------------------------------------------------------------------------------------------
+function refresh(root) {
+  localTimes(root);
+  addCodeCopyButtons(root);
+  removeDuplicates();
+  markEditable();
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  refresh(document);
+  scrollMessagesToEnd();
+  const box = composerInput();
+  if (box) { growComposer(box); focusComposer(); }
+});
+
+document.addEventListener("htmx:load", (event) => {
+  refresh(event.detail.elt);
+  if (document.readyState === "complete") announce(event.detail.elt);
+});
+
+document.addEventListener("htmx:afterSettle", (event) => {
+  if (event.detail.elt.closest?.("#messages") || event.detail.elt.id === "messages") scrollMessagesToEnd();
+  if (event.detail.elt.id === "composer" || event.detail.elt.closest?.("#composer")) focusComposer();
 });
 document.addEventListener("htmx:sseMessage", scrollMessagesToEnd);
+setInterval(() => localTimes(document), 60_000);

@@ -1,0 +1,70 @@
+"""How a tool call shows in the chat: a step while it runs ("Saving a memory…"), then a chip saying what it did,
+linked to the memory saved or the conversation borrowed from. Stored on the reply as plain JSON."""
+
+from typing import Any
+
+import sqlalchemy as sa
+
+from webapp import public_ids
+from webapp.extensions import db
+from webapp.models import Chat
+
+CHIP_CHARS = 80
+
+
+def running(name: str, arguments: dict[str, Any], account_id: int) -> dict[str, Any]:
+    """The step shown while the tool runs."""
+    if name == "save_memory":
+        label = "Saving a memory…"
+    elif name == "borrow_context":
+        source = _chat_named(arguments.get("conversation_id"), account_id)
+        label = f"Reading “{source.title_or_default}”…" if source else "Reading another conversation…"
+    elif name == "recall":
+        label = f"Searching its memory for “{_cut(str(arguments.get('query', '')))}”…"
+    else:
+        label = f"Using {name.replace('_', ' ')}…"
+    return {"tool": name, "state": "running", "label": label}
+
+
+def finished(name: str, arguments: dict[str, Any], result: dict[str, Any], account_id: int) -> dict[str, Any]:
+    """The chip shown once the tool returned `result`."""
+    if "error" in result:
+        verb = {"save_memory": "save a memory", "borrow_context": "read that conversation"}.get(name, name)
+        return {"tool": name, "state": "failed", "chip": f"Could not {verb}: {_cut(result['error'])}"}
+    if name == "save_memory":
+        where = "core memory" if arguments.get("memory_type") == "core" else "journal"
+        content = _cut(str(arguments.get("content", "")))
+        verb = "Saved to" if result.get("saved") else "Already in"
+        return {
+            "tool": name,
+            "state": "done",
+            "chip": f"{verb} {where}: “{content}”",
+            "memory_id": result.get("memory_id"),
+        }
+    if name == "borrow_context":
+        source = _chat_named(arguments.get("conversation_id"), account_id)
+        count = result.get("message_count", 0)
+        title = source.title_or_default if source else "another conversation"
+        chip = f"Borrowed {count} message{'' if count == 1 else 's'} from “{title}”"
+        return {"tool": name, "state": "done", "chip": chip, "chat_id": source.id if source else None}
+    if name == "recall":
+        found = len(result.get("results", []))
+        chip = (
+            f"Found {found} thing{'' if found == 1 else 's'} in its memory"
+            if found
+            else "Found nothing in its memory"
+        )
+        return {"tool": name, "state": "done", "chip": chip}
+    return {"tool": name, "state": "done", "chip": f"Used {name.replace('_', ' ')}"}
+
+
+def _chat_named(conversation_id: Any, account_id: int) -> Chat | None:
+    chat_id = public_ids.decode(str(conversation_id or "").strip().strip("[]\"'"))
+    if chat_id is None:
+        return None
+    return db.session.scalar(sa.select(Chat).where(Chat.id == chat_id, Chat.account_id == account_id))
+
+
+def _cut(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= CHIP_CHARS else text[: CHIP_CHARS - 1].rstrip() + "…"
