@@ -58,9 +58,13 @@ def test_borrowing_stages_the_other_chats_recent_messages(ada, here, roses):
 
     assert result == {
         "success": True,
-        "message": 'Context from "Roses" will be included in your system prompt for your next response in '
-        "this conversation.",
+        "message": 'Here are the recent messages of "Roses": use them in this reply. They will also be in '
+        "your system prompt for your next response in this conversation.",
         "message_count": 2,
+        "messages": [  # the tool result carries them: usable in the same reply (issue 15)
+            {"author": "dana", "content": "The wall faces north."},
+            {"author": "Ada", "content": "Then Albéric Barbier."},
+        ],
     }
     staged = _staged(here, ada)
     assert set(staged) == {"source_conversation_id", "messages", "staged_at"}
@@ -205,6 +209,7 @@ def test_a_borrow_in_activation_n_reaches_n_plus_1_only(activate, fake_llm, ada,
 
     tool_result = json.loads(fake_llm.requests[-1]["messages"][-1]["content"])
     assert tool_result["success"] is True
+    assert tool_result["messages"][0] == {"author": "dana", "content": "The wall faces north."}  # usable now
     assert all(BORROWED_HEADING not in c for c in _prompt_contexts(fake_llm))
     assert _staged(here, ada) is not None  # staged during N, so N's success must not clear it
 

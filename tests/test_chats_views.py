@@ -269,3 +269,136 @@ def test_a_title_over_200_characters_is_refused(client, signed_in, ada):
     assert response.status_code == 422
     db.session.refresh(chat)
     assert chat.title == "Keep"
+
+
+def test_ask_all_with_a_draft_sends_the_draft_first(client, signed_in, ada, basil):
+    chat = factories.chat(signed_in.account, [ada, basil])
+
+    response = client.post(f"/chats/{chat.id}/messages", data={"content": "Who cooks?", "ask": "all"})
+
+    posted, first, second = _messages(chat)
+    assert (posted.role, posted.content) == ("user", "Who cooks?")
+    assert [first.agent_id, second.agent_id] == [ada.id, basil.id]
+    assert _queued_message_ids() == [[first.id, second.id]]
+    assert "Nobody was asked" not in response.text
+
+
+def test_an_ask_button_with_a_mention_asks_both_and_an_empty_draft_only_asks(client, signed_in, ada, basil):
+    chat = factories.chat(signed_in.account, [ada, basil])
+
+    client.post(f"/chats/{chat.id}/messages", data={"content": "@Basil and you?", "ask": str(ada.id)})
+    client.post(f"/chats/{chat.id}/messages", data={"content": "  ", "ask": str(ada.id)})
+
+    roles = [(m.role, m.agent_id) for m in _messages(chat)]
+    assert roles == [("user", None), ("assistant", basil.id), ("assistant", ada.id), ("assistant", ada.id)]
+
+
+def test_a_group_message_asking_nobody_gets_a_hint(client, signed_in, ada, basil):
+    chat = factories.chat(signed_in.account, [ada, basil])
+
+    response = client.post(f"/chats/{chat.id}/messages", data={"content": "Hello all"})
+
+    assert "Nobody was asked to reply" in response.text and "@Ada" in response.text
+    assert _queued_message_ids() == []
+
+
+def test_stop_a_queued_reply_and_regenerate_the_last_one(client, signed_in, ada, app):
+    chat = factories.chat(signed_in.account, [ada])
+    factories.message(chat, "hi", author=signed_in)
+    queued = factories.message(chat, "", author=ada, status="pending")
+
+    stopped = client.post(f"/chats/{chat.id}/messages/{queued.id}/stop")
+
+    db.session.refresh(queued)
+    assert (queued.status, queued.error) == ("failed", "Stopped before it began.")
+    assert "Stopped before it began." in stopped.text and "Retry" in stopped.text
+    assert app.extensions["redis"].exists(f"cairn:stop:{queued.id}")
+
+    queued.status, queued.content, queued.error = "done", "Hello!", None
+    db.session.commit()
+    regenerated = client.post(f"/chats/{chat.id}/messages/{queued.id}/regenerate")
+
+    db.session.refresh(queued)
+    assert (queued.status, queued.content) == ("pending", "")
+    assert _queued_message_ids() == [[queued.id]]
+    assert not app.extensions["redis"].exists(f"cairn:stop:{queued.id}")  # Stop no longer applies
+    assert "Ada will answer in turn" in regenerated.text
+
+
+def test_only_the_last_reply_can_be_regenerated(client, signed_in, ada):
+    chat = factories.chat(signed_in.account, [ada])
+    earlier = factories.message(chat, "first answer", author=ada)
+    factories.message(chat, "later", author=signed_in)
+
+    response = client.post(f"/chats/{chat.id}/messages/{earlier.id}/regenerate")
+
+    assert response.status_code == 422 and _queued_message_ids() == []
+
+
+def test_edit_your_last_message_replaces_its_replies(client, signed_in, ada, member):
+    chat = factories.chat(signed_in.account, [ada])
+    mine = factories.message(chat, "Plan a trip to Lisbn", author=signed_in)
+    old_reply = factories.message(chat, "Lisbn?", author=ada)
+
+    form = client.get(f"/chats/{chat.id}/messages/{mine.id}/edit")
+    response = client.post(
+        f"/chats/{chat.id}/messages/{mine.id}/edit", data={"content": "Plan a trip to Lisbon"}
+    )
+
+    assert "Plan a trip to Lisbn" in form.text and "Save and resend" in form.text
+    edited, new_reply = _messages(chat)
+    assert (edited.id, edited.content) == (mine.id, "Plan a trip to Lisbon")
+    assert (new_reply.agent_id, new_reply.status) == (ada.id, "pending") and new_reply.id != old_reply.id
+    assert f'id="message-{old_reply.id}" hx-swap-oob="delete"' in response.text
+    assert _queued_message_ids() == [[new_reply.id]]
+
+
+def test_only_your_own_last_message_can_be_edited(client, auth, admin, member, ada):
+    chat = factories.chat(admin.account, [ada])
+    theirs = factories.message(chat, "admin's words", author=admin)
+    first = factories.message(chat, "my first", author=member)
+    factories.message(chat, "my second", author=member)
+    auth.login(member)
+
+    assert client.get(f"/chats/{chat.id}/messages/{theirs.id}/edit").status_code == 409
+    assert client.post(f"/chats/{chat.id}/messages/{first.id}/edit", data={"content": "x"}).status_code == 409
+    assert [m.content for m in _messages(chat)] == ["admin's words", "my first", "my second"]
+
+
+def test_an_agents_memory_from_the_chat_read_only_for_members(client, auth, admin, member, ada, basil):
+    from webapp.models import AgentMemory
+
+    chat = factories.chat(admin.account, [ada])
+    db.session.add_all(
+        [
+            AgentMemory(agent=ada, content="Dana prefers window seats.", memory_type="core"),
+            AgentMemory(agent=ada, content="Dana flies on Monday.", memory_type="journal"),
+            AgentMemory(agent=basil, content="Basil's own secret.", memory_type="core"),
+        ]
+    )
+    db.session.commit()
+    auth.login(member)
+
+    page = client.get(f"/chats/{chat.id}/agents/{ada.id}/memory")
+    outside = client.get(f"/chats/{chat.id}/agents/{basil.id}/memory")  # Basil is not in this chat
+
+    assert "Dana prefers window seats." in page.text and "Dana flies on Monday." in page.text
+    assert "Basil's own secret." not in page.text
+    assert "memory ledger" not in page.text and "<form" not in page.text.split("<main")[1]  # read-only
+    assert outside.status_code == 404
+    assert f'/chats/{chat.id}/agents/{ada.id}/memory"' in client.get(f"/chats/{chat.id}").text
+
+
+def test_chat_page_lists_the_chats_with_a_preview_and_focuses_the_composer(client, signed_in, ada):
+    tea = factories.chat(signed_in.account, [ada], "Tea")
+    factories.message(tea, "Green or black?", author=ada)
+    plans = factories.chat(signed_in.account, [ada], "Plans")
+
+    page = client.get(f"/chats/{plans.id}").text
+
+    sidebar = page.split('class="chat-sidebar"')[1].split("</nav>")[0]
+    assert "Tea" in sidebar and "Ada: Green or black?" in sidebar and "New chat" in sidebar
+    assert 'aria-current="page"' in sidebar.split("Plans")[0].rsplit("<li>", 1)[1]
+    assert '<h1 id="chat-heading">Plans</h1>' in page
+    assert 'id="composer-input"' in page and "autofocus" in page
+    assert 'tabindex="0" role="region" aria-label="Messages"' in page and 'role="status"' in page

@@ -19,6 +19,11 @@ ROUTES = [
     ("POST", "/chats/{chat}/discard"),
     ("POST", "/chats/{chat}/restore"),
     ("GET", "/chats/{chat}/stream?seconds=0"),
+    ("POST", "/chats/{chat}/messages/{message}/stop"),
+    ("POST", "/chats/{chat}/messages/{message}/regenerate"),
+    ("GET", "/chats/{chat}/messages/{message}/edit"),
+    ("POST", "/chats/{chat}/messages/{message}/edit"),
+    ("GET", "/chats/{chat}/agents/{agent}/memory"),
 ]
 
 

@@ -302,3 +302,61 @@ def test_an_unexpected_error_fails_that_reply_and_the_others_still_answer(
 
     assert (_fresh(first).status, _fresh(second).status) == ("failed", "done")
     assert "internal error" in _fresh(first).error
+
+
+def test_stop_keeps_what_the_reply_wrote_so_far(app, fake_llm, chat, ada, fake_redis):
+    from webapp import events
+    from webapp.jobs.replies import stop_reply
+
+    [reply] = _pending(chat, ada)
+    fake_llm.reply("One two three four")
+    relay = events.publish
+
+    def publish_then_stop(chat_id, kind, message_id, text=""):
+        relay(chat_id, kind, message_id, text)
+        if text == " two":  # the person presses Stop while the second word streams
+            stop_reply(db.session.get(Message, message_id))
+
+    events.publish = publish_then_stop
+    try:
+        respond([reply.id])
+    finally:
+        events.publish = relay
+
+    reply = _fresh(reply)
+    assert (reply.status, reply.content, reply.error) == ("done", "One two", "Stopped.")
+    assert not fake_redis.exists(f"cairn:stop:{reply.id}")
+
+
+def test_each_tool_call_shows_as_a_step_then_a_chip(app, fake_llm, chat, ada, fake_redis):
+    from webapp import events
+
+    pubsub = fake_redis.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(events.channel(chat.id))
+    seen: list[tuple[str, list | None]] = []
+    relay = events.publish
+
+    def record(chat_id, kind, message_id, text=""):
+        if kind == "final":
+            shown = db.session.get(Message, message_id)
+            seen.append((shown.content, [s["state"] for s in shown.tools_used or []]))
+        relay(chat_id, kind, message_id, text)
+
+    [reply] = _pending(chat, ada)
+    fake_llm.reply(
+        "Let me note that.",
+        tool_calls=[("save_memory", {"content": "Dana likes green tea.", "memory_type": "journal"})],
+    )
+    fake_llm.reply("Done.")
+    events.publish = record
+    try:
+        respond([reply.id])
+    finally:
+        events.publish = relay
+
+    assert seen == [
+        ("", []),  # its turn: thinking
+        ("Let me note that.", ["running"]),  # "Saving a memory…", the text before the call kept
+        ("Let me note that.", ["done"]),  # the chip
+        ("Let me note that.\n\nDone.", ["done"]),
+    ]

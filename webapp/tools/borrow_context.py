@@ -33,18 +33,20 @@ def borrow_context(context: ToolContext, conversation_id: str) -> dict[str, Any]
     mine = _membership(context)
     if mine is None:
         return {"error": "You are no longer a participant of the current conversation"}
+    borrowed = [{"author": m.author_name, "content": m.excerpt(BORROWED_MESSAGE_CHARS)} for m in recent]
     mine.borrowed_context_json = {
         "source_conversation_id": source.public_id,
-        "messages": [{"author": m.author_name, "content": m.excerpt(BORROWED_MESSAGE_CHARS)} for m in recent],
+        "messages": borrowed,
         # Marks this staging, so a reply clears only the context its own prompt included (DESIGN 5.2).
         "staged_at": utcnow().isoformat(timespec="microseconds"),
     }
     db.session.commit()
     return {
         "success": True,
-        "message": f'Context from "{source.model_title}" will be included in your system prompt for '
-        "your next response in this conversation.",
+        "message": f'Here are the recent messages of "{source.model_title}": use them in this reply. They '
+        "will also be in your system prompt for your next response in this conversation.",
         "message_count": len(recent),
+        "messages": borrowed,  # usable in the same turn, not only the next one
     }
 
 
