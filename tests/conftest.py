@@ -264,9 +264,12 @@ def browser():
 @pytest.fixture
 def page(browser):
     """A fresh browser page; confirmation dialogs (such as "Roll back this session?") are accepted."""
+    from playwright.sync_api import expect
+
     context = browser.new_context(viewport={"width": 1200, "height": 900})
     page = context.new_page()
     page.set_default_timeout(15_000)
+    expect.set_options(timeout=15_000)  # a loaded machine starts the worker slowly; assertions wait as long
     page.on("dialog", lambda dialog: dialog.accept())
     yield page
     context.close()

@@ -24,12 +24,9 @@ def test_a_group_chat_reply_streams_into_the_page(page, live_server, worker_proc
     page.get_by_label("Name").fill("Ada")
     page.get_by_label("System prompt").fill("You are Ada, a gardener.")
     page.get_by_label("Model").fill("ada-model")
-    page.get_by_label("save_memory", exact=False).check()
+    expect(page.get_by_label("Remember things", exact=False)).to_be_checked()  # memory is on by default
     page.get_by_role("button", name="Save agent").click()
-    expect(page.get_by_role("cell", name="Ada", exact=True)).to_be_visible()
-
-    page.get_by_role("link", name="Chats").click()
-    page.get_by_role("link", name="New chat").click()
+    expect(page.get_by_role("heading", name="New chat")).to_be_visible()  # the next step after a new agent
     page.get_by_label("Title").fill("Garden club")
     page.get_by_label("Ada").check()
     page.get_by_label("Basil").check()

@@ -401,4 +401,4 @@ def test_chat_page_lists_the_chats_with_a_preview_and_focuses_the_composer(clien
     assert 'aria-current="page"' in sidebar.split("Plans")[0].rsplit("<li>", 1)[1]
     assert '<h1 id="chat-heading">Plans</h1>' in page
     assert 'id="composer-input"' in page and "autofocus" in page
-    assert 'tabindex="0" role="region" aria-label="Messages"' in page and 'role="status"' in page
+    assert 'tabindex="0" role="region" aria-label="Conversation"' in page and 'role="status"' in page

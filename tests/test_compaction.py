@@ -193,7 +193,7 @@ def test_the_chat_page_marks_the_cut_and_shows_the_summary(app, client, auth, ad
     fake_llm.reply("- Dana counted **to three**.")
     compact_chat(chat.id)
 
-    page = client.get(f"/chats/{chat.id}").text
+    page = client.get(f"/chats/{chat.id}").text.split('id="messages"')[1]  # the pane, not the chat list
 
     assert page.index("msg 2") < page.index("Everything above is summarized") < page.index("msg 3")
     assert "Dana counted <strong>to three</strong>." in page and "Edit summary" in page

@@ -146,6 +146,16 @@ document.addEventListener("htmx:sseBeforeMessage", (event) => {
   if (!id || document.getElementById(id)) event.preventDefault();
 });
 
+// A reply can reach the page on the stream before the response that created it: the response's copy wins.
+document.addEventListener("htmx:beforeSwap", (event) => {
+  const html = event.detail.serverResponse;
+  if (typeof html !== "string" || !html.includes('<article id="message-')) return;
+  for (const [, id] of html.matchAll(/<article id="(message-\d+)"/g)) {
+    const shown = document.getElementById(id);
+    if (shown && shown !== event.detail.target) shown.remove();
+  }
+});
+
 function removeDuplicates() {
   const seen = new Set();
   document.querySelectorAll("#messages > article[id]").forEach((article) => {
