@@ -16,7 +16,7 @@ def test_create_an_agent(client, auth, admin):
     form = client.get("/agents/new").text
     assert 'value="smollm2"' in form  # the configured default model
     checked = re.findall(r'<input checked[^>]*value="(\w+)"', form)
-    assert checked == ["save_memory", "borrow_context"]  # memory is on for a new agent
+    assert set(checked) == {"save_memory", "borrow_context", "recall"}  # memory is on for a new agent
     assert "Remember things" in form
 
     response = client.post("/agents/new", data={**VALID, "enabled_tools": ["save_memory"], "paused": "y"})

@@ -81,7 +81,7 @@ def test_many_open_streams_do_not_starve_pages_and_close_when_browsers_leave(liv
     events.publish(chat.id, "delta", 7, "hello")
     for conn in streams:
         received = b""
-        while b"event: delta-7\ndata: hello" not in received:
+        while b"event: delta-7\ndata: <p>hello</p>" not in received:  # rendered markdown
             received += conn.recv(4096)
 
     for conn in streams:  # every browser leaves

@@ -24,7 +24,8 @@ document.addEventListener("htmx:beforeRequest", (event) => {
 document.addEventListener("htmx:afterRequest", (event) => {
   if (event.detail.elt.id !== "composer") return;
   const box = composerInput();
-  if (event.detail.successful && box && box.value === sentText) {
+  const sent = event.detail.xhr && event.detail.xhr.status >= 200 && event.detail.xhr.status < 300;
+  if (sent && box && box.value === sentText) {  // not on a refusal (422, 429): the draft stays
     box.value = "";  // cleared only if nothing was typed meanwhile
     growComposer(box);
   }
