@@ -18,7 +18,7 @@ def running(name: str, arguments: dict[str, Any], account_id: int) -> dict[str, 
         label = "Saving a memory…"
     elif name == "borrow_context":
         source = _chat_named(arguments.get("conversation_id"), account_id)
-        label = f"Reading “{source.title_or_default}”…" if source else "Reading another conversation…"
+        label = f"Reading “{source.display_title}”…" if source else "Reading another conversation…"
     elif name == "recall":
         label = f"Searching its memory for “{_cut(str(arguments.get('query', '')))}”…"
     else:
@@ -44,7 +44,7 @@ def finished(name: str, arguments: dict[str, Any], result: dict[str, Any], accou
     if name == "borrow_context":
         source = _chat_named(arguments.get("conversation_id"), account_id)
         count = result.get("message_count", 0)
-        title = source.title_or_default if source else "another conversation"
+        title = source.display_title if source else "another conversation"
         chip = f"Borrowed {count} message{'' if count == 1 else 's'} from “{title}”"
         return {"tool": name, "state": "done", "chip": chip, "chat_id": source.id if source else None}
     if name == "recall":
