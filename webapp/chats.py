@@ -28,7 +28,7 @@ from webapp.auth import owned_or_404
 from webapp.extensions import db
 from webapp.guards import replies_limit
 from webapp.jobs.followups import after_new_message
-from webapp.jobs.replies import request_replies, retry_reply
+from webapp.jobs.replies import request_replies, retry_refusal, retry_reply
 from webapp.models import Agent, AuditLog, Chat, ChatAgent, Message
 from webapp.models.chats import other_conversations
 from webapp.timeutil import utcnow
@@ -273,9 +273,9 @@ def retry(chat_id: int, message_id: int):
     """Queue a failed (or stuck) reply again."""
     chat = _open_chat(chat_id)
     found = _message_in(chat, message_id)
-    stuck = found.status in ("pending", "streaming") and found.updated_at < utcnow() - STUCK_AFTER
-    if found.role != "assistant" or not (found.status == "failed" or stuck):
-        return _notice("Only a failed or stuck reply can be retried.", 422)
+    refusal = retry_refusal(found, stuck=found.updated_at < utcnow() - STUCK_AFTER)
+    if refusal:
+        return _notice(refusal, 422)
     retry_reply(found)
     db.session.commit()
     return render_template("chats/_message.html", chat=chat, message=found, stuck_after=STUCK_AFTER)
