@@ -140,8 +140,8 @@ def test_run_again_without_htmx_goes_back_to_the_jobs_page(client, signed_in):
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"status": "done"}, "only a failed run can be run again"),
-        ({"status": "running"}, "only a failed run can be run again"),
+        ({"status": "done"}, "only a failed or interrupted run can be run again"),
+        ({"status": "running"}, "only a failed or interrupted run can be run again"),
         ({"status": "failed", "job_type": "retired-job"}, "no job of type “retired-job”"),
     ],
 )

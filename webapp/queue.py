@@ -293,7 +293,8 @@ def _take_run(kind: JobKind, args: tuple[Any, ...]) -> JobRun | None:
         )
     if run is None or run.status != "queued":  # a scheduled job (rq-scheduler reuses its id), or inline
         run = _add_queued(kind, list(args), target, kind.account(*args) if kind.account else None)
-        run.rq_job_id = rq_job.id if rq_job else None
+        if rq_job is not None:
+            run.rq_job_id = rq_job.id
     db.session.commit()
     return run
 
@@ -437,18 +438,18 @@ def _rq_job(job_id: str | None) -> Job | None:
 def _requeue_lost_jobs() -> int:
     requeued = 0
     waiting = sa.select(JobRun).where(JobRun.status == "queued", JobRun.started_at < utcnow() - QUEUED_GRACE)
-    for run in db.session.scalars(waiting.order_by(JobRun.id)).all():
-        job = _rq_job(run.rq_job_id)
-        status = job.get_status() if job is not None else None
+    runs = db.session.scalars(waiting.order_by(JobRun.id)).all()
+    jobs = Job.fetch_many([run.rq_job_id for run in runs], connection=redis_connection()) if runs else []
+    for run, job in zip(runs, jobs, strict=True):
+        status = job.get_status(refresh=False) if job is not None else None
         if status in LIVE_RQ_STATUSES:
             continue
         if status in (JobStatus.FINISHED, JobStatus.FAILED):  # it ran without ever taking this row
-            run.status, run.finished_at = "failed", utcnow()
             said = getattr(status, "value", status)
+            run.status, run.finished_at = "failed", utcnow()
             run.error = f"The queue dropped this job (RQ says {said}) before it ran."
             db.session.commit()
-            continue
-        if run.job_type in JOB_TYPES:
+        elif run.job_type in JOB_TYPES:
             _push(run.rq_job_id, JOB_TYPES[run.job_type], run.args)
             requeued += 1
     return requeued
