@@ -25,13 +25,12 @@ def _status(values):
 
 def upgrade():
     # Reviewed by hand: a run is recorded when it is queued, and a run whose worker died is "interrupted".
+    # Alembic replaces the CHECK constraint of a non-native Enum along with the column's type.
     with op.batch_alter_table('job_runs', schema=None) as batch_op:
-        batch_op.drop_constraint(op.f('ck_job_runs_job_run_status'), type_='check')
         batch_op.alter_column('status', existing_type=_status(OLD), type_=_status(NEW), existing_nullable=False)
 
 
 def downgrade():
     op.execute("UPDATE job_runs SET status = 'failed' WHERE status IN ('queued', 'interrupted')")
     with op.batch_alter_table('job_runs', schema=None) as batch_op:
-        batch_op.drop_constraint(op.f('ck_job_runs_job_run_status'), type_='check')
         batch_op.alter_column('status', existing_type=_status(NEW), type_=_status(OLD), existing_nullable=False)
