@@ -1,7 +1,7 @@
 """job_runs: queued and interrupted statuses
 
 Revision ID: 7d1e2f3a4b5c
-Revises: 9d1e7c3a5b20
+Revises: 9d3e5f7a1b22
 Create Date: 2026-11-23 15:30:00.000000
 
 """
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 
 # revision identifiers, used by Alembic.
 revision = '7d1e2f3a4b5c'
-down_revision = '9d1e7c3a5b20'
+down_revision = '9d3e5f7a1b22'
 branch_labels = None
 depends_on = None
 
