@@ -55,7 +55,7 @@ def test_a_reply_uses_the_agents_model_and_prompt_and_is_stored(app, fake_llm, c
     assert (reply.input_tokens, reply.output_tokens) == (11, 3)
     call = db.session.scalar(sa.select(LlmCall))
     assert (call.purpose, call.agent_id, call.chat_id, call.model) == ("reply", ada.id, chat.id, "ada-model")
-    assert call.job_run_id == db.session.scalar(sa.select(JobRun.id))
+    assert call.job_run_id == db.session.scalar(sa.select(JobRun.id).where(JobRun.job_type == "reply"))
 
 
 def test_the_tool_loop_saves_a_memory_and_feeds_the_result_back(app, fake_llm, chat, ada):
