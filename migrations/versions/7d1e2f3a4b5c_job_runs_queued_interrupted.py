@@ -1,7 +1,7 @@
 """job_runs: queued and interrupted statuses
 
 Revision ID: 7d1e2f3a4b5c
-Revises: 9d3e5f7a1b22
+Revises: b2f4c6d8e0a1
 Create Date: 2026-11-23 15:30:00.000000
 
 """
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 
 # revision identifiers, used by Alembic.
 revision = '7d1e2f3a4b5c'
-down_revision = '9d3e5f7a1b22'
+down_revision = 'b2f4c6d8e0a1'
 branch_labels = None
 depends_on = None
 
