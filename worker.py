@@ -2,11 +2,14 @@
 
 It rides out a Redis outage: RQ retries its dequeue with backoff, the worker registers itself again if Redis
 lost its data, and any other Redis error that ends RQ's work loop starts a fresh worker once Redis answers.
+It serves the reply queue before the background queue, and sweeps for lost or interrupted work (webapp.queue)
+in a thread: the sweep must run exactly when Redis lost its data, so it cannot itself be a job in Redis.
 """
 
 import logging
 import signal
 import sys
+import threading
 import time
 
 import sqlalchemy as sa
@@ -20,7 +23,7 @@ from rq import Worker
 from webapp import config, create_app, jobs, prompts, tokens
 from webapp.extensions import db
 from webapp.health import WORKER_TTL_SECONDS
-from webapp.queue import redis_connection, rq_queue, wait_for_redis
+from webapp.queue import redis_connection, sweep_forever, wait_for_redis, worker_queues
 
 log = logging.getLogger("rq.worker")  # printed by the handler RQ sets up
 RECONNECT_DELAYS = [0.5, 1, 2, 5]  # seconds between attempts while Redis is unreachable, the last repeated
@@ -35,6 +38,7 @@ class AppWorker(Worker):
 
     def perform_job(self, job, queue, execution):
         with self.app.app_context():
+            db.engine.dispose(close=False)  # the parent's pooled connections belong to its sweep thread
             try:
                 return super().perform_job(job, queue, execution)
             finally:
@@ -66,7 +70,8 @@ def wait_until_reachable(connection: Redis) -> None:
 def preload(app: Flask) -> None:
     """Load once, in the parent, what every job would otherwise load again in its freshly forked work horse:
     the tokenizer (over a second), the job modules, the prompt templates, the model client's API classes and
-    response validators, and the ORM mappers. Nothing here opens a connection, which a fork must not share."""
+    response validators, and the ORM mappers. Nothing here opens a connection, which a fork must not share (the
+    sweep thread's database connections are dropped, unclosed, by each work horse)."""
     tokens.encoder()
     jobs.load_all()
     prompts.compile_all()
@@ -82,17 +87,20 @@ def main(argv: list[str]) -> None:
     except config.ConfigError as error:
         raise SystemExit(f"Cairn cannot start: {error}") from None
     AppWorker.app = app
-    preload(app)
+    preload(app)  # the job modules among it: the sweep queues any job type again from its job_runs row
     burst = "--burst" in argv
+    stop = threading.Event()
+    threading.Thread(target=sweep_forever, args=(app, stop), name="sweep", daemon=True).start()
     with app.app_context():
         wait_for_redis()
         while True:
-            worker = AppWorker([rq_queue()], connection=redis_connection(), worker_ttl=WORKER_TTL_SECONDS)
+            worker = AppWorker(worker_queues(), connection=redis_connection(), worker_ttl=WORKER_TTL_SECONDS)
             try:
                 worker.work(burst=burst, with_scheduler=True)
             except (RedisConnectionError, RedisTimeoutError) as e:
                 log.error("Lost Redis while stopping the work loop: %s", e)
             if burst or worker.stopping:
+                stop.set()
                 return
             signal.signal(signal.SIGTERM, signal.SIG_DFL)  # RQ's handlers would ask the lost Redis
             signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -3,6 +3,9 @@
     fake_llm.reply("Hello")                               # next answer: plain text
     fake_llm.reply(tool_calls=[("save_memory", {...})])   # next answer: tool calls
     fake_llm.fail(500, "upstream down")                   # next answer: an HTTP error
+    fake_llm.cut("alpha bravo")                           # next answer: its words, then the connection closes
+    fake_llm.html()                                       # next answer: HTTP 200 with an HTML page
+    fake_llm.hang("alpha", seconds=30)                    # next answer: its words, then silence
     fake_llm.requests[-1]["model"]                        # what the app sent
 
 Answers are consumed in order; when none is scripted, the server answers `default_text`.
@@ -25,6 +28,9 @@ class Scripted:
     status: int = 200
     error: str = ""
     delay: float = 0.0
+    fault: str = ""  # "cut", "html" or "hang"
+    content_type: str = "text/html"  # of an "html" answer
+    hang_seconds: float = 0.0
 
 
 class FakeLLM:
@@ -60,6 +66,18 @@ class FakeLLM:
         self, status: int = 500, error: str = "server error", *, delay: float = 0, model: str | None = None
     ) -> None:
         self._queue(model).append(Scripted(status=status, error=error, delay=delay))
+
+    def cut(self, text: str, *, model: str | None = None) -> None:
+        """The answer's words, then the connection closes: no finish_reason, no [DONE] (no JSON end, unstreamed)."""
+        self._queue(model).append(Scripted(text=text, fault="cut"))
+
+    def html(self, content_type: str = "text/html", *, model: str | None = None) -> None:
+        """HTTP 200 with an HTML page (a proxy's login or error page), under the given content type."""
+        self._queue(model).append(Scripted(fault="html", content_type=content_type))
+
+    def hang(self, text: str = "", *, seconds: float, model: str | None = None) -> None:
+        """The answer's words (streamed), then nothing for `seconds`, then the connection closes."""
+        self._queue(model).append(Scripted(text=text, fault="hang", hang_seconds=seconds))
 
     def _queue(self, model: str | None) -> deque:
         return self._script if model is None else self._by_model.setdefault(model, deque())
@@ -133,6 +151,10 @@ def _handler_for(fake: FakeLLM) -> type[BaseHTTPRequestHandler]:
                 fake._finished()
             if answer.status != 200:
                 self._json(answer.status, {"error": {"message": answer.error, "type": "fake_error"}})
+            elif answer.fault == "html":
+                self._html(answer.content_type)
+            elif answer.fault in ("cut", "hang") and not body.get("stream"):
+                self._cut_json(body, answer)
             elif body.get("stream"):
                 self._stream(body, answer)
             else:
@@ -146,16 +168,41 @@ def _handler_for(fake: FakeLLM) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(data)
 
+        def _html(self, content_type: str) -> None:
+            data = b"<!doctype html><html><body><h1>Sign in to the proxy</h1></body></html>"
+            self.send_response(200)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _cut_json(self, body: dict[str, Any], answer: Scripted) -> None:
+            data = json.dumps(_completion(body, answer)).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data[: len(data) // 2])
+            self.wfile.flush()
+            time.sleep(answer.hang_seconds)
+            self.close_connection = True
+
         def _stream(self, body: dict[str, Any], answer: Scripted) -> None:
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Connection", "close")
             self.end_headers()
-            for chunk in _chunks(body, answer):
+            chunks = list(_chunks(body, answer))
+            if answer.fault:  # only the words: no finish_reason, no usage, no [DONE]
+                chunks = [c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")]
+            for chunk in chunks:
                 self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
                 self.wfile.flush()
                 time.sleep(fake.chunk_delay)
-            self.wfile.write(b"data: [DONE]\n\n")
+            if answer.fault == "hang":
+                time.sleep(answer.hang_seconds)
+            if not answer.fault:
+                self.wfile.write(b"data: [DONE]\n\n")
             self.wfile.flush()
             self.close_connection = True
 

@@ -9,11 +9,11 @@ def counts(n: int) -> dict:
     return {"items": n}
 
 
-@recorded_job("sample")
+@recorded_job("sample_fails")
 def fails_for_good() -> None:
     raise ValueError("bad input that no retry fixes")
 
 
-@recorded_job("sample")
+@recorded_job("sample_model_down")
 def model_is_down() -> None:
     raise LLMError("The model returned HTTP 503: busy", retryable=True)

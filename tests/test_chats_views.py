@@ -23,7 +23,7 @@ def basil(admin):
 
 def _queued_message_ids() -> list[list[int]]:
     """The message ids of the queued reply jobs (summary jobs, spec 003, are queued alongside)."""
-    return [job.args[0] for job in rq_queue().get_jobs() if job.func_name.endswith(".respond")]
+    return [job.args[0] for job in rq_queue("replies").get_jobs() if job.func_name.endswith(".respond")]
 
 
 def _messages(chat) -> list[Message]:

@@ -18,8 +18,8 @@ from webapp.jobs.consolidation import (
     stale_chats_query,
 )
 from webapp.llm import LLMError
-from webapp.models import AgentMemory, AuditLog, Chat, ChatAgent, JobRun
-from webapp.queue import rq_queue
+from webapp.models import AgentMemory, AuditLog, Chat, ChatAgent, JobRun, LlmCall
+from webapp.queue import enqueue, rq_queue
 from webapp.timeutil import utcnow
 from webapp.tokens import count_tokens
 
@@ -387,3 +387,31 @@ def test_an_agent_added_to_a_chat_without_messages_starts_from_the_first(client,
     client.post(f"/chats/{chat.id}/agents", data={"agent_id": celia.id})
 
     assert _cursor(chat, celia) is None
+
+
+def test_an_html_body_fails_the_agent_retryably_and_never_crashes_the_job(group_chat, ada, basil, fake_llm):
+    fake_llm.html("application/json", model="ada-model")  # a proxy's page under a JSON content type
+    fake_llm.reply(_extraction(journal=["Basil's fact"]), model="basil-model")
+
+    with pytest.raises(LLMError) as raised:
+        consolidate_chat(group_chat.id)
+
+    assert raised.value.retryable and "not a completion" in str(raised.value)
+    assert _cursor(group_chat, ada) is None and _memories(basil) == [("journal", "Basil's fact")]
+    run = db.session.scalar(sa.select(JobRun))
+    assert run.status == "failed" and "JSONDecodeError" not in run.error
+    statuses = db.session.scalars(sa.select(LlmCall.status).order_by(LlmCall.model))
+    assert sorted(statuses) == ["error", "ok"]
+
+
+def test_a_second_consolidation_of_a_chat_is_not_queued_while_one_waits_or_runs(group_chat):
+    assert enqueue(consolidate_chat, group_chat.id) is not None
+    assert enqueue(consolidate_chat, group_chat.id, True) is None  # queued: the click follows that one
+    db.session.commit()
+    run = db.session.scalar(sa.select(JobRun))
+    run.status = "running"
+    db.session.commit()
+    assert enqueue(consolidate_chat, group_chat.id) is None  # running
+    run.status = "done"
+    db.session.commit()
+    assert enqueue(consolidate_chat, group_chat.id) is not None

@@ -13,7 +13,7 @@ from webapp import public_ids
 from webapp.extensions import db
 from webapp.models import ChatAgent
 from webapp.prompt import build_messages, build_prompt
-from webapp.queue import rq_queue
+from webapp.queue import worker_queues
 from webapp.timeutil import utcnow
 
 NOW = "2026-11-21 12:00:00Z"
@@ -40,7 +40,7 @@ def _context(chat, agent) -> str:
 
 
 def _run_worker(app) -> None:
-    SimpleWorker([rq_queue()], connection=app.extensions["redis"]).work(burst=True)
+    SimpleWorker(worker_queues(), connection=app.extensions["redis"]).work(burst=True)
 
 
 # Opaque ids

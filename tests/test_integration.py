@@ -149,51 +149,6 @@ def _healthy(port: int) -> dict | None:
         return None  # not up yet, or 503 while a component is still starting
 
 
-def test_a_killed_worker_keeps_the_message_and_leaves_the_reply_retryable(live_app, fake_llm):
-    from datetime import timedelta
-
-    from tests import factories
-    from webapp.jobs.replies import request_replies
-    from webapp.models import Message
-
-    admin = factories.user(factories.account())
-    ada = factories.agent(admin.account, "Ada")
-    chat = factories.chat(admin.account, [ada])
-    posted = factories.message(chat, "Are you there?", author=admin)
-    [reply] = request_replies(chat, [ada])
-    db.session.commit()
-    fake_llm.reply("Too late", delay=30)
-
-    worker = subprocess.Popen(
-        [sys.executable, "worker.py"], cwd=ROOT, env=worker_env(live_app), start_new_session=True
-    )
-    wait_for(lambda: fake_llm.requests, what="the reply to reach the model")
-    # The worker and its work horse (RQ puts the horse in a process group of its own) die mid-reply.
-    subprocess.run(["pkill", "-KILL", "-P", str(worker.pid)], check=True)
-    os.killpg(worker.pid, signal.SIGKILL)
-    worker.wait(10)
-
-    db.session.expire_all()
-    assert db.session.get(Message, posted.id).content == "Are you there?"
-    stuck = db.session.get(Message, reply.id)
-    assert (stuck.status, stuck.content) == ("streaming", "")  # never shown as a finished reply
-
-    stuck.updated_at -= timedelta(minutes=11)
-    db.session.commit()
-    client = live_app.test_client()
-    client.post("/login", data={"email": admin.email, "password": factories.PASSWORD})
-    assert "This reply seems stuck." in client.get(f"/chats/{chat.id}").text
-    assert client.post(f"/chats/{chat.id}/messages/{reply.id}/retry").status_code == 200
-    fake_llm.reply("Here now.")
-    _run_burst_worker(live_app)
-
-    db.session.expire_all()
-    assert (db.session.get(Message, reply.id).status, db.session.get(Message, reply.id).content) == (
-        "done",
-        "Here now.",
-    )
-
-
 def test_a_real_worker_consolidates_a_chat_with_concurrent_agents(live_app, fake_llm):
     import json
     from datetime import timedelta

@@ -122,7 +122,7 @@ def test_run_again_enqueues_the_failed_runs_job_with_its_args(client, signed_in)
 
     assert response.status_code == 200
     assert "Queued again" in response.text and "<html" not in response.text
-    [job] = rq_queue().get_jobs()
+    [job] = rq_queue("replies").get_jobs()
     assert job.func_name == "webapp.jobs.replies.respond"
     assert job.args == ([5, 6],)
 
@@ -134,14 +134,14 @@ def test_run_again_without_htmx_goes_back_to_the_jobs_page(client, signed_in):
 
     assert response.status_code == 303 and response.headers["Location"] == "/admin/jobs"
     assert "Queued again" in client.get("/admin/jobs").text
-    assert len(rq_queue().get_jobs()) == 1
+    assert len(rq_queue("replies").get_jobs()) == 1
 
 
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"status": "done"}, "only a failed run can be run again"),
-        ({"status": "running"}, "only a failed run can be run again"),
+        ({"status": "done"}, "only a failed or interrupted run can be run again"),
+        ({"status": "running"}, "only a failed or interrupted run can be run again"),
         ({"status": "failed", "job_type": "retired-job"}, "no job of type “retired-job”"),
     ],
 )

@@ -116,3 +116,59 @@ def test_the_ledger_row_survives_the_callers_rollback(app, fake_llm):
     db.session.rollback()
 
     assert [c.purpose for c in _calls()] == ["summarize"]
+
+
+# A reply is done only when the model said so (issue 11, item 3)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_cut_answer_is_a_retryable_error_recorded_as_such(app, fake_llm, stream):
+    fake_llm.cut("alpha bravo charlie")
+    seen: list[str] = []
+
+    with pytest.raises(llm.LLMError) as caught:
+        llm.complete("m", MESSAGES, purpose="reply", on_text=seen.append if stream else None)
+
+    assert caught.value.retryable
+    [call] = _calls()
+    assert call.status == "error" and call.error == str(caught.value)
+    if stream:  # the words arrived, but the model never said it was finished
+        assert "".join(seen) == "alpha bravo charlie"
+        assert str(caught.value).startswith("The model's answer was cut off")
+
+
+@pytest.mark.parametrize("stream", [True, False])
+@pytest.mark.parametrize("content_type", ["text/html", "application/json"])
+def test_an_html_body_with_http_200_is_a_retryable_error_not_an_empty_answer(
+    app, fake_llm, stream, content_type
+):
+    fake_llm.html(content_type)
+
+    with pytest.raises(llm.LLMError) as caught:
+        llm.complete("m", MESSAGES, purpose="extract", on_text=(lambda _: None) if stream else None)
+
+    assert caught.value.retryable
+    assert str(caught.value).startswith("The model's server answered with something that is not a completion")
+    assert [(c.status, c.error) for c in _calls()] == [("error", str(caught.value))]
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_an_empty_answer_is_a_retryable_error(app, fake_llm, stream):
+    fake_llm.reply("")
+
+    with pytest.raises(llm.LLMError, match="finished without writing anything") as caught:
+        llm.complete("m", MESSAGES, purpose="summarize", on_text=(lambda _: None) if stream else None)
+
+    assert caught.value.retryable and _calls()[0].status == "error"
+
+
+def test_a_stream_that_hangs_is_a_retryable_timeout(app, fake_llm):
+    import openai
+
+    app.extensions["llm_client"] = openai.OpenAI(base_url=fake_llm.base_url, api_key="x", timeout=1)
+    fake_llm.hang("alpha", seconds=3)
+
+    with pytest.raises(llm.LLMError, match="did not answer in time") as caught:
+        llm.complete("m", MESSAGES, purpose="reply", on_text=lambda _: None)
+
+    assert caught.value.retryable and _calls()[0].status == "error"

@@ -1,5 +1,7 @@
 """Jobs plumbing: enqueue after commit, Retry for retryable errors, every run recorded in job_runs."""
 
+from datetime import timedelta
+
 import pytest
 import sqlalchemy as sa
 from rq import SimpleWorker
@@ -8,7 +10,16 @@ from rq.job import JobStatus
 from tests import sample_jobs
 from webapp.extensions import db
 from webapp.models import Account, JobRun
-from webapp.queue import enqueue, rq_queue
+from webapp.queue import (
+    HEARTBEAT_SECONDS,
+    LOCK_SECONDS,
+    enqueue,
+    held_lock,
+    lock_holder,
+    rq_queue,
+    sweep,
+    worker_queues,
+)
 
 
 def _runs() -> list[JobRun]:
@@ -79,5 +90,118 @@ def test_the_worker_retries_a_retryable_error_and_not_other_errors(app):
     assert down.get_status() == JobStatus.SCHEDULED  # waiting for its backoff interval
     assert down.retries_left == app.config["JOB_MAX_RETRIES"] - 1
     assert bad.get_status() == JobStatus.FAILED
-    assert [r.status for r in _runs()] == ["failed", "failed"]
+    # The retry waiting for its backoff is a queued row: it survives Redis losing the scheduled job.
+    assert [(r.status, r.rq_job_id) for r in _runs()] == [
+        ("failed", down.id),
+        ("failed", bad.id),
+        ("queued", down.id),
+    ]
     assert "HTTP 503" in _runs()[0].error
+
+
+# The database is the record of work to do; the sweep puts lost work back (issue 11, items 1 and 2)
+
+
+def _later(seconds: float):
+    import time_machine
+
+    from webapp.timeutil import utcnow
+
+    return time_machine.travel(utcnow() + timedelta(seconds=seconds), tick=False)
+
+
+def test_a_job_that_could_not_be_queued_is_queued_by_the_sweep_once(app, fake_redis):
+    from redis import Redis
+
+    app.extensions["redis"] = Redis(unix_socket_path="/nonexistent/redis.sock")  # Redis is down
+    enqueue(sample_jobs.counts, 3)
+    db.session.commit()  # the commit succeeds; queueing fails quietly
+    app.extensions["redis"] = fake_redis
+    [run] = _runs()
+    assert (run.status, rq_queue().count) == ("queued", 0)
+
+    assert sweep() == {"interrupted": 0, "requeued": 0}  # too young: may still be on its way
+    with _later(6):
+        assert sweep() == {"interrupted": 0, "requeued": 1}
+        assert sweep() == {"interrupted": 0, "requeued": 0}  # never two jobs for one run
+    [job] = rq_queue().get_jobs()
+    assert job.id == run.rq_job_id
+
+    _work(app)
+    assert [(r.status, r.counts) for r in _runs()] == [("done", {"items": 3})]
+
+
+def test_a_job_lost_with_redis_data_is_queued_again(app, fake_redis):
+    enqueue(sample_jobs.counts, 4)
+    db.session.commit()
+    fake_redis.flushall()  # Redis restarted without persistence
+
+    with _later(6):
+        assert sweep()["requeued"] == 1
+    _work(app)
+    assert [r.status for r in _runs()] == ["done"]
+
+
+def test_a_run_whose_worker_died_is_closed_as_interrupted_and_queued_again(app, fake_redis):
+    enqueue(sample_jobs.counts, 5)
+    db.session.commit()
+    [run] = _runs()
+    run.status = "running"  # what a worker killed mid-run leaves: its lock expired with it
+    db.session.commit()
+
+    assert sweep()["interrupted"] == 0  # first seen unlocked: a live holder would re-take its lock
+    with _later(2 * HEARTBEAT_SECONDS + 1):
+        assert sweep()["interrupted"] == 1
+
+    dead, again = _runs()
+    assert (dead.status, again.status, again.args) == ("interrupted", "queued", [5])
+    assert dead.error.startswith("Interrupted: the worker running this job stopped")
+    [job] = rq_queue().get_jobs()
+    assert job.id == again.rq_job_id
+
+
+def test_a_running_job_keeps_its_lock_so_the_sweep_leaves_it_alone(app):
+    enqueue(sample_jobs.counts, 6)
+    db.session.commit()
+    [run] = _runs()
+    with held_lock(f"run:sample:{run.target}", token=str(run.id)):
+        run.status = "running"
+        db.session.commit()
+        with _later(60):
+            assert sweep() == {"interrupted": 0, "requeued": 0}
+            assert sweep() == {"interrupted": 0, "requeued": 0}
+
+
+def test_a_lock_is_renewed_while_held_and_free_after(app, fake_redis):
+    import time
+
+    with held_lock("thing") as mine:
+        assert mine
+        with held_lock("thing") as second:
+            assert not second  # one holder at a time
+        time.sleep(HEARTBEAT_SECONDS + 0.5)
+        assert fake_redis.pttl("cairn:lock:thing") > (LOCK_SECONDS - HEARTBEAT_SECONDS) * 1000
+    assert lock_holder("thing") is None
+
+
+def test_a_second_run_of_the_same_target_skips_while_the_first_holds_its_lock(app):
+    with held_lock("run:sample:n:7"):
+        assert sample_jobs.counts(7) == {"skipped": "another run of this target is running"}
+
+
+def test_replies_have_their_own_queue_served_before_background_work(app, fake_llm, admin):
+    from tests import factories
+    from webapp.jobs.replies import request_replies
+
+    ada = factories.agent(admin.account, "Ada")
+    chat = factories.chat(admin.account, [ada])
+    enqueue(sample_jobs.counts, 1)  # background work queued first
+    db.session.commit()
+    request_replies(chat, [ada])
+    db.session.commit()
+    assert (rq_queue("replies").count, rq_queue().count) == (1, 1)
+
+    SimpleWorker(worker_queues(), connection=app.extensions["redis"]).work(burst=True)
+
+    finished = sorted(_runs(), key=lambda r: r.finished_at)
+    assert [r.job_type for r in finished if r.job_type != "summarize"] == ["reply", "sample"]

@@ -446,6 +446,22 @@ def test_going_over_budget_triggers_one_refinement_a_day(app, agent):
     assert trigger_if_over_budget(agent) is False
     db.session.commit()
     assert [j.func_name.rsplit(".", 1)[1] for j in rq_queue().get_jobs()] == ["refine_agent"]
+    db.session.execute(sa.update(JobRun).values(status="done"))  # that session ran
+    db.session.commit()
+    assert trigger_if_over_budget(agent) is False  # once a day
+
+
+def test_a_rolled_back_trigger_does_not_block_refinement_for_a_day(app, agent, fake_redis):
+    factories.memory(agent, "word " * 60)
+
+    assert trigger_if_over_budget(agent) is True
+    db.session.rollback()  # the transaction that triggered it failed: nothing was queued
+    assert fake_redis.keys("cairn:once:*") == []
+
+    assert trigger_if_over_budget(agent) is True
+    db.session.commit()
+    assert fake_redis.keys("cairn:once:*") == [f"cairn:once:refine:agent:{agent.id}".encode()]
+    assert len(rq_queue().get_jobs()) == 1
 
 
 def test_save_memory_over_budget_enqueues_a_refinement(app, admin, agent, fake_llm):
@@ -495,11 +511,9 @@ def test_a_session_that_changed_memory_is_not_retried_with_fresh_limits(app, age
 
 def test_one_session_per_agent_at_a_time(app, agent, fake_llm, fake_redis):
     factories.memory(agent, "something")
-    fake_redis.set(f"cairn:refining:{agent.id}", "another session")
+    fake_redis.set(f"cairn:lock:run:refine:agent:{agent.id}", "another session's run id")
 
-    assert refine_agent(agent.id, force=True) == {
-        "skipped": "another refinement session of this agent is running"
-    }
+    assert refine_agent(agent.id, force=True) == {"skipped": "another run of this target is running"}
     assert fake_llm.requests == []
 
 

@@ -12,7 +12,7 @@ from tests.querycount import count_queries
 from webapp.extensions import db
 from webapp.jobs.reflection import agents_to_reflect_query, chosen_numbers, reflect_agent, reflect_all
 from webapp.models import AgentMemory, AuditLog, JobRun
-from webapp.queue import rq_queue
+from webapp.queue import enqueue, rq_queue
 from webapp.timeutil import utcnow
 
 
@@ -157,3 +157,22 @@ def test_finding_agents_is_one_query(admin, fake_llm):
         found = db.session.scalars(agents_to_reflect_query(utcnow())).all()
 
     assert len(found) == 5 and counted.count == 1
+
+
+def test_an_html_body_is_a_retryable_model_error_not_a_crash(agent, journal, fake_llm):
+    from webapp.llm import LLMError
+    from webapp.models import LlmCall
+
+    fake_llm.html("application/json")
+
+    with pytest.raises(LLMError) as raised:
+        reflect_agent(agent.id)
+
+    assert raised.value.retryable and _count(agent, "core") == 0
+    assert db.session.scalar(sa.select(LlmCall.status)) == "error"
+    assert "not a completion" in db.session.scalar(sa.select(JobRun.error))
+
+
+def test_one_reflection_per_agent_at_a_time(agent):
+    assert enqueue(reflect_agent, agent.id) is not None
+    assert enqueue(reflect_agent, agent.id) is None

@@ -1,6 +1,7 @@
 """Reply jobs against the fake model server: the agent's model, the prompt, the tool loop, failures, retries."""
 
 import json
+from datetime import timedelta
 
 import pytest
 import sqlalchemy as sa
@@ -11,7 +12,7 @@ from tests import factories
 from webapp.extensions import db
 from webapp.jobs.replies import ReplyFailed, request_replies, respond
 from webapp.models import AgentMemory, AuditLog, JobRun, LlmCall, Message
-from webapp.queue import rq_queue
+from webapp.queue import rq_queue, worker_queues
 
 
 @pytest.fixture
@@ -54,7 +55,7 @@ def test_a_reply_uses_the_agents_model_and_prompt_and_is_stored(app, fake_llm, c
     assert (reply.input_tokens, reply.output_tokens) == (11, 3)
     call = db.session.scalar(sa.select(LlmCall))
     assert (call.purpose, call.agent_id, call.chat_id, call.model) == ("reply", ada.id, chat.id, "ada-model")
-    assert call.job_run_id == db.session.scalar(sa.select(JobRun.id))
+    assert call.job_run_id == db.session.scalar(sa.select(JobRun.id).where(JobRun.job_type == "reply"))
 
 
 def test_the_tool_loop_saves_a_memory_and_feeds_the_result_back(app, fake_llm, chat, ada):
@@ -199,14 +200,17 @@ def test_an_empty_answer_is_a_failure_not_a_blank_message(app, fake_llm, chat, a
     with pytest.raises(ReplyFailed):
         respond([reply.id])
 
-    assert (_fresh(reply).status, _fresh(reply).error) == ("failed", "The model returned an empty reply.")
+    assert (_fresh(reply).status, _fresh(reply).error) == (
+        "failed",
+        "The model finished without writing anything.",
+    )
 
 
 def test_a_retryable_error_retries_with_backoff_and_then_succeeds(app, fake_llm, chat, ada):
     [reply] = _pending(chat, ada)
-    [job] = rq_queue().get_jobs()
+    [job] = rq_queue("replies").get_jobs()
     fake_llm.fail(503, "overloaded")
-    worker = SimpleWorker([rq_queue()], connection=app.extensions["redis"])
+    worker = SimpleWorker(worker_queues(), connection=app.extensions["redis"])
 
     worker.work(burst=True)
 
@@ -220,7 +224,7 @@ def test_a_retryable_error_retries_with_backoff_and_then_succeeds(app, fake_llm,
     )
 
     fake_llm.reply("Back now.")
-    rq_queue().enqueue_job(job)  # what RQ's scheduler does when the backoff interval ends
+    rq_queue("replies").enqueue_job(job)  # what RQ's scheduler does when the backoff interval ends
     worker.work(burst=True)
 
     assert (_fresh(reply).status, _fresh(reply).content) == ("done", "Back now.")
@@ -233,7 +237,7 @@ def test_when_retries_run_out_the_reply_fails_visibly(app, fake_llm, chat, ada):
     [reply] = _pending(chat, ada)
     fake_llm.fail(503, "overloaded")
 
-    SimpleWorker([rq_queue()], connection=app.extensions["redis"]).work(burst=True)
+    SimpleWorker(worker_queues(), connection=app.extensions["redis"]).work(burst=True)
 
     assert (_fresh(reply).status, _fresh(reply).error) == (
         "failed",
@@ -273,7 +277,7 @@ def test_streamed_text_is_published_for_the_chat_page(app, fake_llm, chat, ada, 
 
 def test_a_reply_another_worker_is_generating_is_not_generated_twice(app, fake_llm, chat, ada, fake_redis):
     [reply] = _pending(chat, ada)
-    fake_redis.set(f"cairn:replying:{reply.id}", "another worker")
+    fake_redis.set(f"cairn:lock:reply:{reply.id}", "another worker")
 
     assert respond([reply.id]) == {"replies": 0}
     assert fake_llm.requests == [] and _fresh(reply).status == "pending"
@@ -360,3 +364,83 @@ def test_each_tool_call_shows_as_a_step_then_a_chip(app, fake_llm, chat, ada, fa
         ("Let me note that.", ["done"]),  # the chip
         ("Let me note that.\n\nDone.", ["done"]),
     ]
+
+
+# Paused agents, retries and interruptions (issue 12 item 11, issue 11 item 2)
+
+
+def test_an_agent_paused_after_an_ask_all_was_queued_does_not_answer(app, fake_llm, admin, ada, client):
+    basil = factories.agent(admin.account, "Basil")
+    chat = factories.chat(admin.account, [ada, basil])
+    first, second = _pending(chat, ada, basil)
+    basil.paused = True
+    db.session.commit()
+
+    respond([first.id, second.id])
+
+    assert [r["model"] for r in fake_llm.requests] == ["ada-model"]
+    assert (_fresh(second).status, _fresh(second).error) == ("failed", "Basil was paused before answering.")
+    client.post("/login", data={"email": admin.email, "password": factories.PASSWORD})
+    refused = client.post(f"/chats/{chat.id}/messages/{second.id}/retry")
+    assert refused.status_code == 422 and "Basil is paused" in refused.text
+
+
+def _stuck(reply: Message) -> None:
+    reply.status, reply.updated_at = "streaming", reply.updated_at - timedelta(minutes=11)
+    db.session.commit()
+
+
+def test_a_reply_still_being_written_cannot_be_retried(app, chat, ada, admin, client):
+    from webapp.queue import held_lock
+
+    [reply] = _pending(chat, ada)
+    db.session.execute(sa.update(JobRun).values(status="done"))  # its job is not waiting any more
+    _stuck(reply)
+    client.post("/login", data={"email": admin.email, "password": factories.PASSWORD})
+    url = f"/chats/{chat.id}/messages/{reply.id}/retry"
+
+    with held_lock(f"reply:{reply.id}"):  # a worker is generating it right now
+        refused = client.post(url)
+    assert refused.status_code == 422 and "still being written" in refused.text
+
+    assert client.post(url).status_code == 200  # its worker is gone: a stuck reply may be retried
+    assert client.post(url).status_code == 422  # and once queued, not twice
+    assert len(rq_queue("replies").get_jobs()) == 2  # the first request's job, and the retry's
+
+
+def test_a_reply_waiting_for_a_worker_cannot_be_retried(app, chat, ada, admin, client):
+    [reply] = _pending(chat, ada)
+    _stuck(reply)
+    client.post("/login", data={"email": admin.email, "password": factories.PASSWORD})
+
+    refused = client.post(f"/chats/{chat.id}/messages/{reply.id}/retry")
+
+    assert refused.status_code == 422 and "already waiting for a worker" in refused.text
+
+
+def test_a_reply_whose_worker_dies_twice_fails_with_a_working_retry(app, chat, ada, admin, client):
+    import time_machine
+
+    from webapp.queue import HEARTBEAT_SECONDS, sweep
+    from webapp.timeutil import utcnow
+
+    [reply] = _pending(chat, ada)
+    for attempt in range(2):  # each time a worker takes the run, then dies with it (kill -9)
+        run = db.session.scalar(sa.select(JobRun).where(JobRun.status == "queued"))
+        run.status, reply.status = "running", "streaming"
+        db.session.commit()
+        sweep()
+        with time_machine.travel(utcnow() + timedelta(seconds=2 * HEARTBEAT_SECONDS + 1), tick=False):
+            assert sweep()["interrupted"] == 1
+        if attempt == 0:
+            assert (_fresh(reply).status, _fresh(reply).error) == (
+                "pending",
+                "The worker writing this reply stopped; trying again.",
+            )
+
+    assert _fresh(reply).status == "failed" and "stopped again" in _fresh(reply).error
+    runs = db.session.scalars(sa.select(JobRun).order_by(JobRun.id)).all()
+    assert [r.status for r in runs if r.job_type == "reply"] == ["interrupted", "interrupted"]
+    client.post("/login", data={"email": admin.email, "password": factories.PASSWORD})
+    assert client.post(f"/chats/{chat.id}/messages/{reply.id}/retry").status_code == 200
+    assert _fresh(reply).status == "pending"

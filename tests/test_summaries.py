@@ -297,8 +297,10 @@ def test_an_empty_answer_keeps_the_old_summary(app, fake_llm, admin, ada):
     factories.summary(chat, ada, "Still true.", generated_at=utcnow() - timedelta(hours=1))
     fake_llm.reply("  \n ")
 
-    assert summarize(chat.id, ada.id) == {"summarized": 0, "empty": 1}
+    with pytest.raises(LLMError, match="finished without writing anything"):
+        summarize(chat.id, ada.id)  # retryable, and recorded as such
     assert _membership(chat, ada).agent_summary == "Still true."
+    assert db.session.scalar(sa.select(LlmCall.status)) == "error"
 
 
 def test_a_summary_is_at_most_two_lines_and_500_characters():
@@ -408,3 +410,14 @@ def test_backfill_refuses_an_unknown_agent(runner, backfill_chats):
     result = runner.invoke(args=["summaries", "backfill", "--agent", "999999"])
 
     assert result.exit_code != 0 and "No agent with id 999999." in result.output
+
+
+def test_one_pending_summary_per_chat_and_agent_whatever_the_number_of_messages(client, signed_in, ada):
+    chat = factories.chat(signed_in.account, [ada], "Busy")
+
+    for i in range(5):
+        client.post(f"/chats/{chat.id}/messages", data={"content": f"message {i}"})
+
+    assert _summary_jobs() == [(chat.id, ada.id)]
+    queued = db.session.scalars(sa.select(JobRun.status).where(JobRun.job_type == "summarize")).all()
+    assert queued == ["queued"]

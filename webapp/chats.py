@@ -27,7 +27,7 @@ from webapp.auth import owned_or_404
 from webapp.extensions import db
 from webapp.guards import replies_limit
 from webapp.jobs.followups import after_new_message
-from webapp.jobs.replies import request_replies, retry_reply, stop_reply
+from webapp.jobs.replies import request_replies, retry_refusal, retry_reply, stop_reply
 from webapp.markdown import render_markdown
 from webapp.models import Agent, AuditLog, Chat, ChatAgent, Message
 from webapp.models.chats import other_conversations
@@ -358,9 +358,9 @@ def retry(chat_id: int, message_id: int):
     """Queue a failed (or stuck) reply again."""
     chat = _open_chat(chat_id)
     found = _message_in(chat, message_id)
-    stuck = found.status in ("pending", "streaming") and found.updated_at < utcnow() - STUCK_AFTER
-    if found.role != "assistant" or not (found.status == "failed" or stuck):
-        return _notice("Only a failed or stuck reply can be retried.", 422)
+    refusal = retry_refusal(found, stuck=found.updated_at < utcnow() - STUCK_AFTER)
+    if refusal:
+        return _notice(refusal, 422)
     retry_reply(found)
     db.session.commit()
     return render_template("chats/_message.html", chat=chat, message=found, stuck_after=STUCK_AFTER)
@@ -385,6 +385,7 @@ def stop(chat_id: int, message_id: int):
 
 @bp.post("/<int:chat_id>/messages/<int:message_id>/regenerate")
 @login_required
+@replies_limit
 def regenerate(chat_id: int, message_id: int):
     """Generate the chat's last reply again, in place."""
     chat = _open_chat(chat_id)

@@ -92,6 +92,8 @@ def load(instance_path: str) -> dict:
         # {"model-id": {"input": dollars per 1M tokens, "output": dollars per 1M tokens}}
         "MODEL_PRICES": _prices(),
         "JOB_MAX_RETRIES": _int("JOB_MAX_RETRIES", 3),
+        # Backoff before each retry of a retryable failure (seconds, comma-separated).
+        "JOB_RETRY_SECONDS": [int(s) for s in os.environ.get("JOB_RETRY_SECONDS", "10,60,300").split(",")],
         # Ask models for JSON output (response_format json_object) where a job parses JSON; off for
         # providers that reject the parameter.
         "LLM_JSON_MODE": os.environ.get("LLM_JSON_MODE", "1") not in ("0", "false", "no"),

@@ -12,6 +12,7 @@ from typing import Any
 import openai
 import sqlalchemy as sa
 from flask import Flask, current_app
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from webapp.extensions import db
 from webapp.models import LlmCall
@@ -20,6 +21,8 @@ from webapp.timeutil import utcnow
 from webapp.tokens import count_tokens
 
 RETRYABLE_STATUS = {408, 409, 429}
+FINISHED = {"stop", "tool_calls", "function_call", "length"}  # the model said it was done
+NOT_A_COMPLETION = "The model's server answered with something that is not a completion"
 
 
 class LLMError(Exception):
@@ -97,10 +100,18 @@ def complete(
     record = {"purpose": purpose, "agent_id": agent_id, "chat_id": chat_id, "model": model}
     try:
         result = _stream(request, on_text) if on_text else _request(request)
+        _check_finished(result)
     except openai.OpenAIError as e:
         error = _classify(e)
         _record(record, started, status="error", error=str(error))
         raise error from e
+    except json.JSONDecodeError as e:  # a JSON content type over a body that is not JSON (an HTML page, say)
+        error = LLMError(f"{NOT_A_COMPLETION} (its body is not JSON: {e}).", retryable=True)
+        _record(record, started, status="error", error=str(error))
+        raise error from e
+    except LLMError as error:
+        _record(record, started, status="error", error=str(error))
+        raise
     if not result.prompt_tokens:  # some servers leave usage out of streams; estimate it
         result.prompt_tokens = count_tokens(json.dumps(messages))
         result.completion_tokens = count_tokens(result.text)
@@ -118,10 +129,26 @@ def _client() -> openai.OpenAI:
     return current_app.extensions["llm_client"]
 
 
+def _check_finished(result: LLMResult) -> None:
+    """A reply is done only when the model said so, with something in it; anything else is worth a retry."""
+    if result.finish_reason == "content_filter":
+        raise LLMError("The model's provider withheld this answer (content filter).", retryable=False)
+    if result.finish_reason not in FINISHED:
+        raise LLMError(
+            "The model's answer was cut off: it ended without saying it was finished"
+            f" ({len(result.text)} characters received).",
+            retryable=True,
+        )
+    if not result.text.strip() and not result.tool_calls:
+        raise LLMError("The model finished without writing anything.", retryable=True)
+
+
 def _request(request: dict[str, Any]) -> LLMResult:
     response = _client().chat.completions.create(**request)
-    if not response.choices:
-        raise LLMError("The model returned no choices.", retryable=True)
+    if not isinstance(response, ChatCompletion):  # the SDK hands back the text of a body that is not JSON
+        raise LLMError(f"{NOT_A_COMPLETION}: {_excerpt(response)}", retryable=True)
+    if not getattr(response, "choices", None):
+        raise LLMError(f"{NOT_A_COMPLETION} (it has no choices).", retryable=True)
     choice = response.choices[0]
     calls = [
         ToolCall(id=c.id or f"call_{i}", name=c.function.name, arguments=c.function.arguments or "")
@@ -142,7 +169,11 @@ def _stream(request: dict[str, Any], on_text: Callable[[str], None]) -> LLMResul
     text: list[str] = []
     calls: dict[int, dict[str, str]] = {}
     result = LLMResult(text="")
+    chunks = 0
     for chunk in stream:
+        if not isinstance(chunk, ChatCompletionChunk) or getattr(chunk, "choices", None) is None:
+            raise LLMError(f"{NOT_A_COMPLETION}: {_excerpt(chunk)}", retryable=True)
+        chunks += 1
         if chunk.usage:
             result.prompt_tokens = chunk.usage.prompt_tokens
             result.completion_tokens = chunk.usage.completion_tokens
@@ -158,12 +189,19 @@ def _stream(request: dict[str, Any], on_text: Callable[[str], None]) -> LLMResul
                     call["name"] += part.function.name or ""
                     call["arguments"] += part.function.arguments or ""
             result.finish_reason = choice.finish_reason or result.finish_reason
+    if not chunks:
+        raise LLMError(f"{NOT_A_COMPLETION} (no completion chunks in its stream).", retryable=True)
     result.text = "".join(text)
     result.tool_calls = [
         ToolCall(id=c["id"] or f"call_{i}", name=c["name"], arguments=c["arguments"])
         for i, c in sorted(calls.items())
     ]
     return result
+
+
+def _excerpt(value: Any) -> str:
+    """The first characters of an unexpected body, one line, for an error message."""
+    return " ".join(str(value).split())[:200] or "(empty)"
 
 
 def _classify(error: openai.OpenAIError) -> LLMError:

@@ -1,16 +1,32 @@
-"""Background jobs: the one way to enqueue (after commit) and the one way to record a run."""
+"""Background jobs: the one way to enqueue, to record a run, to hold a lock, and to recover lost work.
+
+The database, not Redis, is the record of work to do. `enqueue` writes a "queued" job_runs row in the caller's
+transaction and puts the job on RQ only once that commits; if Redis is down then, or later loses its data, the
+sweep (run by every worker, one at a time, every few seconds) puts the row's job back. A running job holds a
+lock named after its target whose value is its run id, renewed every HEARTBEAT_SECONDS: a killed worker's lock
+expires within LOCK_SECONDS, and the sweep then closes its run as "interrupted" and queues it again.
+"""
 
 import functools
 import logging
+import threading
+import time
 import traceback
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import sqlalchemy as sa
 from flask import Flask, current_app
 from flask_sqlalchemy.session import Session as FlaskSession
 from redis import Redis
+from redis.exceptions import LockError, RedisError
 from rq import Queue, Retry, get_current_job
+from rq.exceptions import NoSuchJobError
+from rq.job import Job, JobStatus
 
 from webapp.extensions import db
 from webapp.llm import LLMError
@@ -20,40 +36,186 @@ from webapp.timeutil import utcnow
 
 log = logging.getLogger(__name__)
 
-RETRY_INTERVALS = [10, 60, 300]  # seconds: backoff for retryable failures
+LOCK_SECONDS = 10  # a lock whose holder stopped renewing it is free after this
+HEARTBEAT_SECONDS = 2  # how often a holder renews its locks
+SWEEP_SECONDS = 5  # how often some worker sweeps
+QUEUED_GRACE = timedelta(seconds=5)  # a queued run younger than this may still be on its way to RQ
+MAX_INTERRUPTIONS = 2  # a target whose runs died this often in a row is not queued again by the sweep
+INTERRUPTED = "Interrupted: the worker running this job stopped before it finished."
+LIVE_RQ_STATUSES = (JobStatus.QUEUED, JobStatus.SCHEDULED, JobStatus.DEFERRED, JobStatus.STARTED)
 _PENDING = "cairn_pending_jobs"
 
-# job_type -> the recorded job function, so a failed run can be run again from its job_runs row.
+# job_type -> how to run it again (from its job_runs row), so the sweep and "Run again" can.
 JOB_TYPES: dict[str, Callable[..., dict[str, Any]]] = {}
 
 
+@dataclass(frozen=True)
+class JobKind:
+    """What the queue knows about one recorded job function."""
+
+    job_type: str
+    target: Callable[..., str | None] | None
+    account: Callable[..., int | None] | None
+    queue: str  # "replies" (served first) or "background"
+    unique: str | None  # "queued": one queued run per target; "active": one queued or running; None
+    resume: bool  # queue it again when its worker died
+    on_interrupt: Callable[[JobRun, bool], None] | None  # (the dead run, whether it is queued again)
+
+    def target_of(self, args: tuple[Any, ...]) -> str | None:
+        return self.target(*args) if self.target else None
+
+    def lock_name(self, target: str | None) -> str:
+        return f"run:{self.job_type}:{target or ''}"
+
+
 def init_app(app: Flask) -> None:
-    connection = Redis.from_url(app.config["REDIS_URL"], socket_connect_timeout=5, health_check_interval=30)
-    app.extensions["redis"] = connection
-    app.extensions["rq_queue"] = Queue(app.config["RQ_QUEUE"], connection=connection)
+    app.extensions["redis"] = Redis.from_url(
+        app.config["REDIS_URL"], socket_connect_timeout=5, socket_timeout=10, health_check_interval=30
+    )
 
 
 def redis_connection() -> Redis:
     return current_app.extensions["redis"]
 
 
-def rq_queue() -> Queue:
-    return current_app.extensions["rq_queue"]
+def rq_queue(name: str = "background") -> Queue:
+    """The RQ queue for replies ("replies") or for everything else ("background")."""
+    base = current_app.config["RQ_QUEUE"]
+    return Queue(f"{base}-replies" if name == "replies" else base, connection=redis_connection())
 
 
-def enqueue(func: Callable[..., Any], *args: Any, retry: bool = True, **options: Any) -> None:
-    """Enqueue func(*args) once the current database transaction commits (dropped if it rolls back)."""
-    pending = db.session().info.setdefault(_PENDING, [])
-    pending.append((rq_queue(), func, args, retry, options))
+def worker_queues() -> list[Queue]:
+    """The queues a worker serves, in order: a reply is always taken before background memory work."""
+    return [rq_queue("replies"), rq_queue("background")]
+
+
+# --- locks and once-keys: the only Redis keys Cairn itself sets ---
+
+
+@contextmanager
+def held_lock(name: str, token: str | None = None) -> Iterator[bool]:
+    """Hold the named lock while the block runs; yields False (and holds nothing) when another holds it.
+
+    A thread renews the lock every HEARTBEAT_SECONDS, so it dies with its process: LOCK_SECONDS after a
+    kill -9 anyone may take it. `token` is the value others read with lock_holder().
+    """
+    lock = redis_connection().lock(f"cairn:lock:{name}", timeout=LOCK_SECONDS, thread_local=False)
+    if not lock.acquire(blocking=False, token=token or uuid.uuid4().hex):
+        yield False
+        return
+    stop = threading.Event()
+    keeper = threading.Thread(target=_keep, args=(lock, stop), name=f"lock {name}", daemon=True)
+    keeper.start()
+    try:
+        yield True
+    finally:
+        stop.set()
+        keeper.join()
+        try:
+            lock.release()
+        except (LockError, RedisError):
+            log.warning("lock %s was lost before its release", name)
+
+
+def _keep(lock: Any, stop: threading.Event) -> None:
+    """Renew the lock until stopped; take it back if Redis lost it (a restart without persistence)."""
+    while not stop.wait(HEARTBEAT_SECONDS):
+        try:
+            if not lock.owned():
+                lock.do_acquire(lock.local.token)
+            lock.reacquire()
+        except (LockError, RedisError) as error:
+            log.warning("could not renew lock %s: %s", lock.name, error)
+
+
+def lock_holder(name: str) -> str | None:
+    """The token of whoever holds the named lock now, or None."""
+    value = redis_connection().get(f"cairn:lock:{name}")
+    return value.decode() if value is not None else None
+
+
+def once(name: str, seconds: float) -> bool:
+    """True the first time in `seconds` that anyone asks for this name (across every process)."""
+    return bool(redis_connection().set(f"cairn:once:{name}", "1", nx=True, px=int(seconds * 1000)))
+
+
+def _recently(name: str) -> bool:
+    """Whether once(name) said True within its period (Redis down: no, let the work happen)."""
+    try:
+        return bool(redis_connection().exists(f"cairn:once:{name}"))
+    except RedisError:
+        return False
+
+
+# --- enqueueing ---
+
+
+def enqueue(func: Callable[..., Any], *args: Any, once_per: float | None = None) -> JobRun | None:
+    """Record a queued run of func(*args) in this transaction; RQ gets the job once it commits.
+
+    None when nothing was added: the job kind is `unique` and a run for the same target is already waiting
+    (see waiting_run), or once_per (seconds) says the same job and target was enqueued that recently. That
+    period starts only when this transaction commits, so a rollback does not block the next attempt.
+    """
+    kind: JobKind = func.job_kind
+    target = kind.target_of(args)
+    if kind.unique and waiting_run(func, *args) is not None:
+        return None
+    once_name = f"{kind.job_type}:{target}" if once_per else None
+    if once_name and _recently(once_name):
+        return None
+    run = _add_queued(kind, list(args), target, kind.account(*args) if kind.account else None)
+    _after_commit(run.rq_job_id, func, list(args), once_name, once_per)
+    return run
+
+
+def waiting_run(func: Callable[..., Any], *args: Any) -> JobRun | None:
+    """The run of func for the same target that a new one would duplicate: a queued one (and, for kinds
+    unique while "active", a running one)."""
+    kind: JobKind = func.job_kind
+    statuses = ("queued",) if kind.unique == "queued" else ("queued", "running")
+    return db.session.scalar(
+        sa.select(JobRun)
+        .where(JobRun.job_type == kind.job_type, JobRun.target == kind.target_of(args))
+        .where(JobRun.status.in_(statuses))
+        .order_by(JobRun.id)
+        .limit(1)
+    )
+
+
+def _add_queued(kind: JobKind, args: list[Any], target: str | None, account_id: int | None) -> JobRun:
+    run = JobRun(
+        job_type=kind.job_type,
+        account_id=account_id,
+        target=target,
+        args=args,
+        rq_job_id=uuid.uuid4().hex,
+        status="queued",
+        started_at=utcnow(),
+    )
+    db.session.add(run)
+    return run
+
+
+def _after_commit(
+    job_id: str,
+    func: Callable[..., Any],
+    args: list[Any],
+    once_name: str | None = None,
+    once_per: float | None = None,
+) -> None:
+    db.session().info.setdefault(_PENDING, []).append((job_id, func, args, once_name, once_per))
 
 
 @sa.event.listens_for(FlaskSession, "after_commit")
 def _enqueue_pending(session: sa.orm.Session) -> None:
-    for queue, func, args, retry, options in session.info.pop(_PENDING, []):
-        max_retries = current_app.config["JOB_MAX_RETRIES"]
-        if retry and max_retries > 0:
-            options.setdefault("retry", Retry(max=max_retries, interval=RETRY_INTERVALS[:max_retries]))
-        queue.enqueue(func, *args, **options)
+    for job_id, func, args, once_name, once_per in session.info.pop(_PENDING, []):
+        try:
+            if once_name:
+                once(once_name, once_per)
+            _push(job_id, func, args)
+        except RedisError as error:  # the queued row stays: the sweep puts it on the queue once Redis is back
+            log.warning("could not queue job %s now (%s); the sweep will", job_id, error)
 
 
 @sa.event.listens_for(FlaskSession, "after_rollback")
@@ -61,61 +223,112 @@ def _drop_pending(session: sa.orm.Session) -> None:
     session.info.pop(_PENDING, None)
 
 
+def _push(job_id: str, func: Callable[..., Any], args: list[Any]) -> None:
+    max_retries, intervals = current_app.config["JOB_MAX_RETRIES"], current_app.config["JOB_RETRY_SECONDS"]
+    retry = Retry(max=max_retries, interval=intervals[:max_retries]) if max_retries > 0 else None
+    rq_queue(func.job_kind.queue).enqueue_call(func, args=tuple(args), job_id=job_id, retry=retry)
+
+
+# --- running ---
+
+
 def recorded_job(
     job_type: str,
     target: Callable[..., str | None] | None = None,
     account: Callable[..., int | None] | None = None,
+    *,
+    queue: str = "background",
+    unique: str | None = None,
+    resume: bool = True,
+    on_interrupt: Callable[[JobRun, bool], None] | None = None,
 ):
-    """Record each execution of the decorated job in job_runs: status, timings, error and counts.
+    """Record each execution of the decorated job in job_runs and hold its target's lock while it runs.
 
     `target` and `account` compute, from the job's arguments, a label for what it works on and the account
-    whose data it touches. The job returns a dict of counts (or None). A retryable LLM error is re-raised so
-    RQ retries it with backoff; any other error fails the job at once, with its reason kept in job_runs.
+    whose data it touches. One run per target at a time: a second one finds the lock held and skips. The job
+    returns a dict of counts (or None). A retryable LLM error is re-raised so RQ retries it with backoff (a
+    queued row stands for the next attempt); any other error fails the job at once, its reason in job_runs.
     """
 
     def decorator(func: Callable[..., dict[str, Any] | None]):
+        kind = JobKind(job_type, target, account, queue, unique, resume, on_interrupt)
+
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> dict[str, Any]:
-            run = _start_run(
-                job_type,
-                target(*args, **kwargs) if target else None,
-                account(*args, **kwargs) if account else None,
-                args,
-            )
-            token = current_job_run_id.set(run.id)
-            try:
-                counts = func(*args, **kwargs) or {}
-            except Exception as error:
-                db.session.rollback()
-                _finish_run(run.id, "failed", error=_describe(error))
-                if not (isinstance(error, LLMError) and error.retryable):
-                    _cancel_retries()
-                raise
-            finally:
-                current_job_run_id.reset(token)
-            _finish_run(run.id, "done", counts=counts)
-            return counts
+            run = _take_run(kind, args)
+            if run is None:
+                return {"skipped": "superseded by a newer run"}
+            with held_lock(kind.lock_name(run.target), token=str(run.id)) as mine:
+                if not mine:
+                    counts = {"skipped": "another run of this target is running"}
+                    _finish_run(run.id, "done", counts=counts)
+                    return counts
+                return _execute(run.id, func, args, kwargs)
 
+        wrapper.job_kind = kind
+        if job_type in JOB_TYPES and JOB_TYPES[job_type].__qualname__ != wrapper.__qualname__:
+            raise ValueError(f"two jobs are recorded as {job_type!r}; the sweep could not tell them apart")
         JOB_TYPES[job_type] = wrapper
         return wrapper
 
     return decorator
 
 
-def _start_run(job_type: str, target: str | None, account_id: int | None, args: tuple[Any, ...]) -> JobRun:
+def _take_run(kind: JobKind, args: tuple[Any, ...]) -> JobRun | None:
+    """The queued row this execution fulfils (or a new one); None when the sweep replaced this job."""
     rq_job = get_current_job()
-    run = JobRun(
-        job_type=job_type,
-        account_id=account_id,
-        target=target,
-        args=list(args),
-        rq_job_id=rq_job.id if rq_job else None,
-        status="running",
-        started_at=utcnow(),
-    )
-    db.session.add(run)
+    target = kind.target_of(args)
+    if rq_job is not None:
+        run = db.session.scalar(
+            sa.select(JobRun).where(JobRun.rq_job_id == rq_job.id).order_by(JobRun.id.desc()).limit(1)
+        )
+        if run is not None and run.status == "interrupted":
+            return None
+    else:  # called inline (a CLI --now, a test): it does the work a queued run of the same target waits for
+        run = db.session.scalar(
+            sa.select(JobRun)
+            .where(JobRun.job_type == kind.job_type, JobRun.target == target, JobRun.status == "queued")
+            .order_by(JobRun.id)
+            .limit(1)
+        )
+    if run is None or run.status != "queued":  # a scheduled job (rq-scheduler reuses its id), or inline
+        run = _add_queued(kind, list(args), target, kind.account(*args) if kind.account else None)
+        if rq_job is not None:
+            run.rq_job_id = rq_job.id
     db.session.commit()
     return run
+
+
+def _execute(run_id: int, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    db.session.execute(
+        sa.update(JobRun).where(JobRun.id == run_id).values(status="running", started_at=utcnow())
+    )
+    db.session.commit()
+    token = current_job_run_id.set(run_id)
+    try:
+        counts = func(*args, **kwargs) or {}
+    except Exception as error:
+        db.session.rollback()
+        _finish_run(run_id, "failed", error=_describe(error))
+        if isinstance(error, LLMError) and error.retryable:
+            if _retries_left() > 0:
+                _queue_next_attempt(run_id)
+        else:
+            _cancel_retries()
+        raise
+    finally:
+        current_job_run_id.reset(token)
+    _finish_run(run_id, "done", counts=counts)
+    return counts
+
+
+def _queue_next_attempt(run_id: int) -> None:
+    """RQ will run the job again after its backoff: a queued row says so, and survives a Redis loss."""
+    failed = db.session.get(JobRun, run_id)
+    kind = JOB_TYPES[failed.job_type].job_kind
+    run = _add_queued(kind, failed.args, failed.target, failed.account_id)
+    run.rq_job_id = failed.rq_job_id
+    db.session.commit()
 
 
 def _finish_run(run_id: int, status: str, *, error: str | None = None, counts: dict | None = None) -> None:
@@ -132,6 +345,11 @@ def _describe(error: Exception) -> str:
     return "".join(traceback.format_exception_only(error)).strip()[:2000]
 
 
+def _retries_left() -> int:
+    rq_job = get_current_job()
+    return (rq_job.retries_left or 0) if rq_job else 0
+
+
 def _cancel_retries() -> None:
     """A failure that another attempt cannot fix goes straight to the failed registry."""
     rq_job = get_current_job()
@@ -139,18 +357,127 @@ def _cancel_retries() -> None:
         rq_job.retries_left = None
 
 
+# --- the sweep ---
+
+
+def sweep() -> dict[str, int]:
+    """Close runs whose worker died (and queue them again), and put queued runs whose job is gone on RQ."""
+    return {"interrupted": _close_dead_runs(), "requeued": _requeue_lost_jobs()}
+
+
+def _close_dead_runs() -> int:
+    closed = 0
+    running = sa.select(JobRun).where(JobRun.status == "running").order_by(JobRun.id)
+    for run in db.session.scalars(running).all():
+        kind = JOB_TYPES[run.job_type].job_kind if run.job_type in JOB_TYPES else None
+        name = kind.lock_name(run.target) if kind else None
+        if name and lock_holder(name) == str(run.id):
+            continue
+        if _silent_for(run.id) < 2 * HEARTBEAT_SECONDS:
+            continue  # just seen unlocked: a live holder re-takes its lock within a heartbeat (Redis restart)
+        _interrupt(run, kind)
+        closed += 1
+    return closed
+
+
+def _silent_for(run_id: int) -> float:
+    """Seconds since the sweep first saw this run's lock missing (0 the first time)."""
+    key, ttl = f"cairn:once:unlocked:{run_id}", 300
+    if once(f"unlocked:{run_id}", ttl):
+        return 0.0
+    return ttl - redis_connection().pttl(key) / 1000
+
+
+def _interrupt(run: JobRun, kind: JobKind | None) -> None:
+    run.status, run.finished_at, run.error = "interrupted", utcnow(), INTERRUPTED
+    _forget_rq_job(run.rq_job_id)
+    again = kind is not None and kind.resume and _interruptions(run) < MAX_INTERRUPTIONS
+    if kind and kind.on_interrupt:
+        kind.on_interrupt(run, again)
+    if again:
+        queued = _add_queued(kind, run.args, run.target, run.account_id)
+        _after_commit(queued.rq_job_id, JOB_TYPES[run.job_type], run.args)
+    else:
+        run.error = f"{INTERRUPTED} Not queued again."
+    db.session.commit()
+    log.warning("run %s (%s %s) was interrupted; queued again: %s", run.id, run.job_type, run.target, again)
+
+
+def _interruptions(run: JobRun) -> int:
+    """How many of the target's latest runs in a row were interrupted (this one included)."""
+    latest = db.session.scalars(
+        sa.select(JobRun.status)
+        .where(JobRun.job_type == run.job_type, JobRun.target == run.target, JobRun.status != "queued")
+        .order_by(JobRun.id.desc())
+        .limit(MAX_INTERRUPTIONS + 1)
+    ).all()
+    count = 0
+    for status in latest:
+        if status != "interrupted" and count:
+            break
+        count += status == "interrupted"
+    return count
+
+
+def _forget_rq_job(job_id: str | None) -> None:
+    """Drop a dead run's RQ job, so RQ's own abandoned-job handling does not start it a second time."""
+    job = _rq_job(job_id)
+    if job is not None:
+        job.delete()
+
+
+def _rq_job(job_id: str | None) -> Job | None:
+    if not job_id:
+        return None
+    try:
+        return Job.fetch(job_id, connection=redis_connection())
+    except NoSuchJobError:
+        return None
+
+
+def _requeue_lost_jobs() -> int:
+    requeued = 0
+    waiting = sa.select(JobRun).where(JobRun.status == "queued", JobRun.started_at < utcnow() - QUEUED_GRACE)
+    runs = db.session.scalars(waiting.order_by(JobRun.id)).all()
+    jobs = Job.fetch_many([run.rq_job_id for run in runs], connection=redis_connection()) if runs else []
+    for run, job in zip(runs, jobs, strict=True):
+        status = job.get_status(refresh=False) if job is not None else None
+        if status in LIVE_RQ_STATUSES:
+            continue
+        if status in (JobStatus.FINISHED, JobStatus.FAILED):  # it ran without ever taking this row
+            said = getattr(status, "value", status)
+            run.status, run.finished_at = "failed", utcnow()
+            run.error = f"The queue dropped this job (RQ says {said}) before it ran."
+            db.session.commit()
+        elif run.job_type in JOB_TYPES:
+            _push(run.rq_job_id, JOB_TYPES[run.job_type], run.args)
+            requeued += 1
+    return requeued
+
+
+def sweep_forever(app: Flask, stop: threading.Event) -> None:
+    """Run by every worker in a thread: every SWEEP_SECONDS, one of them sweeps (whichever asks first)."""
+    while not stop.wait(SWEEP_SECONDS):
+        with app.app_context():
+            try:
+                if once("sweep", SWEEP_SECONDS - 0.5):
+                    found = sweep()
+                    if any(found.values()):
+                        log.info("sweep: %s", found)
+            except (RedisError, sa.exc.SQLAlchemyError) as error:
+                log.warning("sweep skipped: %s", error)
+            finally:
+                db.session.remove()
+
+
 def wait_for_redis(seconds: float = 30) -> None:
     """Block until redis answers (the embedded server may still be starting); exit with a clear message."""
-    import time
-
-    from redis.exceptions import ConnectionError as RedisConnectionError
-
     deadline = time.monotonic() + seconds
     while True:
         try:
             redis_connection().ping()
             return
-        except (RedisConnectionError, OSError) as e:
+        except (RedisError, OSError) as e:
             if time.monotonic() > deadline:
                 url = current_app.config["REDIS_URL"]
                 variable = "the embedded redis" if current_app.config["EMBEDDED_REDIS"] else "REDIS_URL"

@@ -287,8 +287,9 @@ def rerun(run_id: int):
     if run is None:
         abort(404)
     func = JOB_TYPES.get(run.job_type)
-    if run.status != "failed":
-        return _rerun_answer(run, f"Run {run.id} is {run.status}; only a failed run can be run again.", 422)
+    if run.status not in ("failed", "interrupted"):
+        message = f"Run {run.id} is {run.status}; only a failed or interrupted run can be run again."
+        return _rerun_answer(run, message, 422)
     if func is None:
         return _rerun_answer(run, f"This app has no job of type “{run.job_type}” to run.", 422)
     enqueue(func, *(run.args or []))

@@ -12,10 +12,8 @@ from webapp import llm
 from webapp.extensions import db
 from webapp.models import Chat, Message
 from webapp.prompts import render
-from webapp.queue import enqueue, recorded_job, redis_connection
+from webapp.queue import enqueue, recorded_job
 from webapp.tokens import count_tokens
-
-ENQUEUE_COOLDOWN_SECONDS = 600  # one pending compaction per chat is enough
 
 
 def thresholds(chat: Chat) -> tuple[int, int]:
@@ -43,27 +41,36 @@ def messages_after_cut(chat: Chat) -> int:
 
 
 def compact_if_needed(chat: Chat) -> bool:
-    """Enqueue a compaction when the history after the cut passes the threshold (at most one pending)."""
+    """Enqueue a compaction when the history after the cut passes the threshold; False when none is needed or
+    one is already queued or running (it works through the whole backlog)."""
     threshold, _ = thresholds(chat)
     if messages_after_cut(chat) <= threshold:
         return False
-    if not redis_connection().set(
-        f"cairn:compaction-queued:{chat.id}", "1", nx=True, ex=ENQUEUE_COOLDOWN_SECONDS
-    ):
-        return False
-    enqueue(compact_chat, chat.id)
-    return True
+    return enqueue(compact_chat, chat.id) is not None
 
 
 def _account(chat_id: int) -> int | None:
     return db.session.scalar(sa.select(Chat.account_id).where(Chat.id == chat_id))
 
 
-@recorded_job("compact", target=lambda chat_id: f"chat:{chat_id}", account=_account)
+@recorded_job("compact", target=lambda chat_id: f"chat:{chat_id}", account=_account, unique="active")
 def compact_chat(chat_id: int) -> dict[str, Any]:
-    """Summarize all but the newest messages after the cut into the chat's memory_doc, and move the cut."""
+    """Summarize all but the newest messages after the cut into the chat's memory_doc, a batch at a time."""
+    counts = _compact_batch(chat_id)
+    batches = 1
+    while counts.get("summarized"):  # a long backlog: the next batch, until under the threshold
+        following = _compact_batch(chat_id)
+        if not following.get("summarized"):
+            break
+        counts["summarized"] += following["summarized"]
+        counts["kept"] = following["kept"]
+        batches += 1
+    return counts if batches == 1 else {**counts, "batches": batches}
+
+
+def _compact_batch(chat_id: int) -> dict[str, Any]:
+    """Summarize the oldest messages beyond the recent ones (within the input limit), and move the cut."""
     chat = db.session.get(Chat, chat_id)
-    redis_connection().delete(f"cairn:compaction-queued:{chat_id}")
     if chat is None:
         return {"skipped": "no such chat"}
     threshold, keep_recent = thresholds(chat)
@@ -89,13 +96,8 @@ def compact_chat(chat_id: int) -> dict[str, Any]:
         agent_id=agent_id,
         chat_id=chat_id,
     )
-    summary = result.text.strip()
-    if not summary:
-        raise llm.LLMError("The model returned an empty summary.", retryable=True)
+    summary = result.text.strip()  # never empty: llm.complete fails an empty answer
     moved = _append_summary(chat_id, old_cut, last_id, f"{heading}\n\n{summary}")
-    if moved:  # a long backlog is summarized a batch at a time
-        compact_if_needed(db.session.get(Chat, chat_id))
-        db.session.commit()
     return {"summarized": len(old) if moved else 0, "kept": len(messages) - len(old), "raced": int(not moved)}
 
 

@@ -52,7 +52,7 @@ def idle_threshold() -> timedelta:
     return timedelta(hours=current_app.config["CONSOLIDATION_IDLE_HOURS"])
 
 
-@recorded_job("consolidate_finder")
+@recorded_job("consolidate_finder", unique="active")
 def consolidate_stale_chats() -> dict[str, int]:
     """Find the chats to consolidate and enqueue one job for each."""
     chat_ids = db.session.scalars(stale_chats_query(utcnow(), idle_threshold())).all()
@@ -77,7 +77,12 @@ def _chat_account(chat_id: int, force: bool = False) -> int | None:
     return db.session.scalar(sa.select(Chat.account_id).where(Chat.id == chat_id))
 
 
-@recorded_job("consolidate", target=lambda chat_id, force=False: f"chat:{chat_id}", account=_chat_account)
+@recorded_job(
+    "consolidate",
+    target=lambda chat_id, force=False: f"chat:{chat_id}",
+    account=_chat_account,
+    unique="active",
+)
 def consolidate_chat(chat_id: int, force: bool = False) -> dict[str, Any]:
     """Extract memories from one chat's new messages for each of its agents (force: even if not idle)."""
     chat = db.session.get(Chat, chat_id)

@@ -15,18 +15,24 @@ from flask import current_app
 from webapp import llm
 from webapp.extensions import db
 from webapp.llm import LLMError
-from webapp.memory_ledger import dedup_for_agent
-from webapp.models import Agent, AgentMemory, AuditLog
+from webapp.memory_ledger import dedup_for_agent, session_rows
+from webapp.models import Agent, AgentMemory, AuditLog, JobRun
 from webapp.models.memories import active_memories, core_memories
 from webapp.prompt import memory_budget
 from webapp.prompts import render
-from webapp.queue import enqueue, recorded_job, redis_connection
+from webapp.queue import enqueue, recorded_job
 from webapp.timeutil import utcnow
 from webapp.tools.refinement import SCHEMA, VIA, RefinementSession
 
 REFINE_EVERY = timedelta(weeks=1)
 TRIGGER_COOLDOWN_SECONDS = 86_400
-SESSION_LOCK_SECONDS = 3_600
+START = "memory_refinement_start"
+CLOSING = (
+    "memory_refinement_complete",
+    "memory_refinement_incomplete",
+    "memory_refinement_rolled_back",
+    "memory_refinement_interrupted",
+)
 
 
 def agents_due_query(now: datetime) -> sa.Select:
@@ -45,7 +51,7 @@ def agents_due_query(now: datetime) -> sa.Select:
     )
 
 
-@recorded_job("refine_finder")
+@recorded_job("refine_finder", unique="active")
 def refine_due() -> dict[str, int]:
     """Enqueue a refinement session for each agent that needs one."""
     agent_ids = db.session.scalars(agents_due_query(utcnow())).all()
@@ -59,32 +65,58 @@ def trigger_if_over_budget(agent: Agent) -> bool:
     """Enqueue a refinement when the agent's core memory is over budget, at most once a day per agent."""
     if agent.paused or not agent.needs_refinement():
         return False
-    key = f"cairn:refinement-triggered:{agent.id}"
-    if not redis_connection().set(key, utcnow().isoformat(), nx=True, ex=TRIGGER_COOLDOWN_SECONDS):
-        return False
-    enqueue(refine_agent, agent.id)
-    return True
+    return enqueue(refine_agent, agent.id, once_per=TRIGGER_COOLDOWN_SECONDS) is not None
 
 
 def _account(agent_id: int, force: bool = False) -> int | None:
     return db.session.scalar(sa.select(Agent.account_id).where(Agent.id == agent_id))
 
 
-@recorded_job("refine", target=lambda agent_id, force=False: f"agent:{agent_id}", account=_account)
+def _target(agent_id: int, force: bool = False) -> str:
+    return f"agent:{agent_id}"
+
+
+def _interrupted(run: JobRun, _again: bool) -> None:
+    """Its worker died mid-session: close the session as interrupted, so it can be rolled back in one click."""
+    agent = db.session.get(Agent, int(run.target.removeprefix("agent:")))
+    for session_id in _open_sessions(agent.id, run.started_at):
+        AuditLog.record(
+            "memory_refinement_interrupted",
+            agent,
+            account_id=agent.account_id,
+            agent_id=agent.id,
+            session_id=session_id,
+            reason="The worker running this session stopped before it finished.",
+            mutations=len(session_rows(session_id)),
+            tokens_after=agent.core_token_usage(),
+        )
+    agent.last_refinement_at = utcnow()
+
+
+def _open_sessions(agent_id: int, since: datetime) -> list[str]:
+    """The agent's sessions started since `since` that have no closing row."""
+    started = sa.select(AuditLog.session_id).where(
+        AuditLog.agent_id == agent_id,
+        AuditLog.auditable_type == "Agent",
+        AuditLog.action == START,
+        AuditLog.created_at >= since,
+    )
+    closed = sa.select(AuditLog.session_id).where(
+        AuditLog.agent_id == agent_id, AuditLog.auditable_type == "Agent", AuditLog.action.in_(CLOSING)
+    )
+    return list(db.session.scalars(started.where(AuditLog.session_id.not_in(closed))))
+
+
+# One session per agent at a time (two would each get the full mutation cap and floor): the job's target lock.
+@recorded_job(
+    "refine", target=_target, account=_account, unique="active", resume=False, on_interrupt=_interrupted
+)
 def refine_agent(agent_id: int, force: bool = False) -> dict[str, Any]:
     """Dedup, then let the agent refine its core memory with the refinement tool (force: even if not due)."""
     agent = db.session.get(Agent, agent_id)
     if agent is None or agent.paused:
         return {"skipped": "no such agent, or paused"}
-    # One session per agent at a time: two sessions would each get the full mutation cap and floor.
-    key, token = f"cairn:refining:{agent_id}", uuid.uuid4().hex
-    if not redis_connection().set(key, token, nx=True, ex=SESSION_LOCK_SECONDS):
-        return {"skipped": "another refinement session of this agent is running"}
-    try:
-        return _refine(agent, force)
-    finally:
-        if redis_connection().get(key) == token.encode():
-            redis_connection().delete(key)
+    return _refine(agent, force)
 
 
 def _refine(agent: Agent, force: bool) -> dict[str, Any]:
@@ -116,7 +148,7 @@ def _refine(agent: Agent, force: bool) -> dict[str, Any]:
 def _start(agent: Agent, session_id: str, usage: int, budget: int, deduplicated: int) -> RefinementSession:
     config = current_app.config
     AuditLog.record(
-        "memory_refinement_start",
+        START,
         agent,
         account_id=agent.account_id,
         agent_id=agent.id,

@@ -34,7 +34,7 @@ def agents_to_reflect_query(now: datetime) -> sa.Select:
     return sa.select(Agent.id).where(Agent.paused.is_(False), has_journal).order_by(Agent.id)
 
 
-@recorded_job("reflect_finder")
+@recorded_job("reflect_finder", unique="active")
 def reflect_all() -> dict[str, int]:
     """Enqueue one reflection per agent with something to reflect on."""
     agent_ids = db.session.scalars(agents_to_reflect_query(utcnow())).all()
@@ -48,7 +48,7 @@ def _agent_account(agent_id: int) -> int | None:
     return db.session.scalar(sa.select(Agent.account_id).where(Agent.id == agent_id))
 
 
-@recorded_job("reflect", target=lambda agent_id: f"agent:{agent_id}", account=_agent_account)
+@recorded_job("reflect", target=lambda agent_id: f"agent:{agent_id}", account=_agent_account, unique="active")
 def reflect_agent(agent_id: int) -> dict[str, Any]:
     """Let one agent choose which of its recent journal entries become core memories.
 

@@ -1,10 +1,10 @@
 """Agent replies: a tool loop against the agent's own model, streamed to the chat page as it is generated."""
 
 import logging
-import uuid
 from collections.abc import Callable
 from typing import Any
 
+import sqlalchemy as sa
 from flask import current_app
 from rq import get_current_job
 
@@ -12,13 +12,14 @@ from webapp import events, llm, tool_steps
 from webapp.extensions import db
 from webapp.jobs.followups import after_new_message
 from webapp.llm import LLMError
-from webapp.models import Agent, Chat, Message
+from webapp.models import Agent, Chat, JobRun, Message
 from webapp.prompt import build_prompt, fit_to_budget, record_sources
-from webapp.queue import enqueue, recorded_job, redis_connection
+from webapp.queue import enqueue, held_lock, lock_holder, recorded_job, redis_connection
 from webapp.tools import ToolContext, run_tool_call, schemas_for
 
 log = logging.getLogger(__name__)
-REPLY_CLAIM_SECONDS = 1_800  # longer than any reply takes; a killed worker's claim expires
+WAITING = ("pending", "streaming")
+STOP_FLAG_SECONDS = 1_800  # a Stop outlives any reply it could stop
 
 
 class ReplyFailed(Exception):
@@ -41,51 +42,65 @@ def _target(message_ids: list[int]) -> str:
     return "messages:" + ",".join(str(i) for i in message_ids)
 
 
+def _message_ids(target: str | None) -> list[int]:
+    return [int(i) for i in (target or "").removeprefix("messages:").split(",") if i]
+
+
 def _account(message_ids: list[int]) -> int | None:
     first = db.session.get(Message, message_ids[0]) if message_ids else None
     return first.chat.account_id if first else None
 
 
-@recorded_job("reply", target=_target, account=_account)
+def _interrupted(run: JobRun, again: bool) -> None:
+    """Its worker died mid-reply: each unfinished reply waits for the new attempt, or fails with Retry."""
+    unfinished = db.session.scalars(
+        sa.select(Message).where(Message.id.in_(_message_ids(run.target)), Message.status.in_(WAITING))
+    ).all()
+    for message in unfinished:
+        message.status = "pending" if again else "failed"
+        message.error = (
+            "The worker writing this reply stopped; trying again."
+            if again
+            else "The worker writing this reply stopped again; Retry when the model is reachable."
+        )
+    db.session.commit()
+    for message in unfinished:
+        events.publish(message.chat_id, "final", message.id)
+
+
+@recorded_job("reply", target=_target, account=_account, queue="replies", on_interrupt=_interrupted)
 def respond(message_ids: list[int]) -> dict[str, int]:
     """Generate the pending replies in order (one agent, or "ask all"); each sees the replies before it."""
     answered, failed = 0, []
     for message_id in message_ids:
         message = db.session.get(Message, message_id)
-        if message is None or message.status == "done":
-            continue  # already answered by an earlier attempt of this job
+        if message is None or message.status not in WAITING:
+            continue  # answered by an earlier attempt, or failed for good (Retry queues it anew)
         if stop_requested(message_id):
             continue  # stopped before its turn came; the stop marked it
-        claim = _claim(message_id)
-        if claim is None:
-            continue  # another worker is generating this reply right now (a retry of a slow one)
-        try:
-            generate_reply(message)
-            answered += 1
-        except LLMError as error:
-            if error.retryable and _retries_left() > 0:
-                raise  # RQ retries the job with backoff; finished replies are skipped then
-            failed.append(message_id)
-        except Exception:  # generate_reply has marked the reply failed; the next agents still answer
-            log.exception("reply %s failed", message_id)
-            failed.append(message_id)
-        finally:
-            _release(message_id, claim)
+        if message.agent.paused:
+            _unfinished(message, f"{message.agent.name} was paused before answering.", False)
+            continue
+        with held_lock(_claim(message_id)) as mine:
+            if not mine:
+                continue  # another job is generating this very reply right now
+            try:
+                generate_reply(message)
+                answered += 1
+            except LLMError as error:
+                if error.retryable and _retries_left() > 0:
+                    raise  # RQ retries the job with backoff; finished replies are skipped then
+                failed.append(message_id)
+            except Exception:  # generate_reply has marked the reply failed; the next agents still answer
+                log.exception("reply %s failed", message_id)
+                failed.append(message_id)
     if failed:
         raise ReplyFailed(f"replies failed: {', '.join(map(str, failed))}")
     return {"replies": answered}
 
 
-def _claim(message_id: int) -> str | None:
-    token = uuid.uuid4().hex
-    claimed = redis_connection().set(f"cairn:replying:{message_id}", token, nx=True, ex=REPLY_CLAIM_SECONDS)
-    return token if claimed else None
-
-
-def _release(message_id: int, token: str) -> None:
-    key = f"cairn:replying:{message_id}"
-    if redis_connection().get(key) == token.encode():
-        redis_connection().delete(key)
+def _claim(message_id: int) -> str:
+    return f"reply:{message_id}"
 
 
 def generate_reply(message: Message) -> None:
@@ -98,7 +113,7 @@ def generate_reply(message: Message) -> None:
         prompt = build_prompt(message.chat, message.agent, before_message_id=message.id)
         text, prompt_tokens, completion_tokens = _tool_loop(message, prompt.messages)
         if not text.strip():
-            raise LLMError("The model returned an empty reply.", retryable=False)
+            raise LLMError("The model kept calling tools and never wrote an answer.", retryable=False)
     except ReplyStopped as stop:
         stopped, text, prompt_tokens, completion_tokens = True, str(stop), 0, 0
         redis_connection().delete(_stop_key(message.id))
@@ -221,7 +236,7 @@ def _retries_left() -> int:
 
 
 def request_replies(chat: Chat, agents: list[Agent]) -> list[Message]:
-    """Add a pending reply per agent, in this order, and enqueue one job that answers them once committed."""
+    """Add a pending reply per agent, in this order, and one queued job that answers them once committed."""
     if not agents:
         return []
     placeholders = [chat.add_message(role="assistant", agent=agent, status="pending") for agent in agents]
@@ -230,16 +245,42 @@ def request_replies(chat: Chat, agents: list[Agent]) -> list[Message]:
     return placeholders
 
 
+def retry_refusal(message: Message, stuck: bool) -> str | None:
+    """Why this reply cannot be queued again now, or None: only a failed reply, or a stuck one that no job
+    is writing or waiting to write, and never while its agent is paused (two generations must not race)."""
+    if message.role != "assistant" or message.agent is None:
+        return "Only a reply can be retried."
+    if message.agent.paused:
+        return f"{message.agent.name} is paused; unpause the agent to ask again."
+    if message.status == "failed":
+        return None
+    if message.status not in WAITING or not stuck:
+        return "Only a failed or stuck reply can be retried."
+    if lock_holder(_claim(message.id)) is not None:
+        return "This reply is still being written."
+    if _waiting_runs(message.id):
+        return "This reply is already waiting for a worker."
+    return None
+
+
+def _waiting_runs(message_id: int) -> list[JobRun]:
+    """The unfinished reply runs that cover this message."""
+    runs = db.session.scalars(
+        sa.select(JobRun).where(JobRun.job_type == "reply", JobRun.status.in_(("queued", "running")))
+    )
+    return [run for run in runs if message_id in _message_ids(run.target)]
+
+
 def retry_reply(message: Message) -> None:
-    """Put a failed, stuck or finished reply back in the queue (Retry, Regenerate); a stuck reply's claim died
-    with its worker."""
+    """Queue a failed, stuck or finished reply again (Retry, Regenerate), once the caller has checked that no
+    job is writing it."""
     message.status, message.error, message.content, message.tools_used = "pending", None, "", None
-    redis_connection().delete(f"cairn:replying:{message.id}", _stop_key(message.id))
+    redis_connection().delete(_stop_key(message.id))
     enqueue(respond, [message.id])
 
 
 def stop_reply(message: Message) -> None:
     """Stop a reply: a queued one is marked stopped now; one being generated stops at its next token."""
-    redis_connection().set(_stop_key(message.id), "1", ex=REPLY_CLAIM_SECONDS)
+    redis_connection().set(_stop_key(message.id), "1", ex=STOP_FLAG_SECONDS)
     if message.status == "pending":
         message.status, message.error = "failed", "Stopped before it began."

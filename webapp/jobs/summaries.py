@@ -23,11 +23,11 @@ SUMMARY_CHARS = 500
 
 
 def request_summaries(chat: Chat) -> int:
-    """Enqueue a summary job for each agent of the chat whose summary is stale; call before the commit."""
+    """Enqueue a summary job for each agent of the chat whose summary is stale and has none queued yet (however
+    many messages arrive); call before the commit. Returns how many were queued."""
     stale = [ca for ca in chat.chat_agents if ca.summary_stale() and not ca.agent.paused]
-    for chat_agent in stale:
-        enqueue(summarize, chat_agent.chat_id, chat_agent.agent_id)
-    return len(stale)
+    queued = [enqueue(summarize, ca.chat_id, ca.agent_id) for ca in stale]
+    return sum(run is not None for run in queued)
 
 
 def _target(chat_id: int, agent_id: int) -> str:
@@ -39,7 +39,7 @@ def _account(chat_id: int, _agent_id: int) -> int | None:
     return chat.account_id if chat else None
 
 
-@recorded_job("summarize", target=_target, account=_account)
+@recorded_job("summarize", target=_target, account=_account, unique="queued")
 def summarize(chat_id: int, agent_id: int) -> dict[str, int]:
     """Write the agent's summary of the chat from its last messages; a failure keeps the old summary."""
     chat_agent = db.session.scalar(

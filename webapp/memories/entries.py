@@ -30,6 +30,7 @@ LABELS = {
     "memory_refinement_start": "refinement started",
     "memory_refinement_complete": "refinement complete",
     "memory_refinement_incomplete": "refinement incomplete",
+    "memory_refinement_interrupted": "refinement interrupted",
     "memory_refinement_rolled_back": "refinement rolled back",
 }
 UNDOING = ("memory_undo", "memory_rollback")

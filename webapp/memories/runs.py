@@ -16,15 +16,14 @@ from flask_login import current_user
 from webapp.auth import admin_required, owned_or_404
 from webapp.extensions import db
 from webapp.jobs.consolidation import consolidate_chat
-from webapp.jobs.refinement import refine_agent
+from webapp.jobs.refinement import CLOSING, refine_agent
 from webapp.jobs.reflection import reflect_agent
 from webapp.memories import bp
 from webapp.memories.common import account_audit, answer
 from webapp.models import Agent, AuditLog, Chat, ChatAgent, JobRun
-from webapp.queue import enqueue
+from webapp.queue import enqueue, waiting_run
 
 KINDS = {"refine": "Refine now", "reflect": "Reflect now", "consolidate": "Consolidate now"}
-CLOSING = ("memory_refinement_complete", "memory_refinement_incomplete", "memory_refinement_rolled_back")
 
 
 @dataclass
@@ -42,9 +41,11 @@ class Progress:
     def state(self) -> str:
         if self.message:
             return "refused"
-        if len(self.runs) < len(self.targets) or any(r.status == "running" for r in self.runs):
-            return "running" if self.runs else "queued"
-        return "failed" if any(r.status == "failed" for r in self.runs) else "done"
+        if any(r.status == "running" for r in self.runs):
+            return "running"
+        if len(self.runs) < len(self.targets) or any(r.status == "queued" for r in self.runs):
+            return "queued"
+        return "failed" if any(r.status in ("failed", "interrupted") for r in self.runs) else "done"
 
     @property
     def polling(self) -> bool:
@@ -86,14 +87,18 @@ def _targets(kind: str, agent: Agent) -> list[str]:
     return [f"agent:{agent.id}"]
 
 
-def _enqueue(kind: str, agent: Agent, targets: list[str]) -> None:
+def _enqueue(kind: str, agent: Agent, targets: list[str]) -> int | None:
+    """Queue the runs; the id of the oldest run already waiting for one of the targets, if any."""
     if kind == "refine":
-        enqueue(refine_agent, agent.id, True)
+        calls = [(refine_agent, agent.id, True)]
     elif kind == "reflect":
-        enqueue(reflect_agent, agent.id)
+        calls = [(reflect_agent, agent.id)]
     else:
-        for target in targets:
-            enqueue(consolidate_chat, int(target.removeprefix("chat:")), True)
+        calls = [(consolidate_chat, int(target.removeprefix("chat:")), True) for target in targets]
+    waiting = [waiting_run(*call) for call in calls]
+    for call in calls:
+        enqueue(*call)
+    return min((run.id for run in waiting if run is not None), default=None)
 
 
 def _progress(kind: str, agent: Agent, after: int) -> Progress:
@@ -136,7 +141,9 @@ def run_now(agent_id: int, kind: str):
     elif not progress.targets:
         progress.message = f"{agent.name} is in no group chat to consolidate."
     else:
-        _enqueue(kind, agent, progress.targets)
+        waiting_since = _enqueue(kind, agent, progress.targets)
+        if waiting_since is not None:  # the click follows the run already waiting for that target
+            progress.after = min(progress.after, waiting_since - 1)
         db.session.commit()
     flash_text = progress.message or f"{KINDS[kind].removesuffix(' now')} queued."
     url = url_for("memories.ledger", agent_id=agent.id)

@@ -156,8 +156,8 @@ class MemoryWithin:
 def memories_within(agent_id: int, now: datetime, budget: int) -> MemoryWithin:
     """Core memories oldest first, then the week's journal newest first, while their tokens fit `budget`.
 
-    Two queries whatever the number of memories: a running sum (a window function) picks the rows that fit,
-    and one count says how many of each type there are.
+    Two queries whatever the number of memories: a running sum (a window function) over the few rows that
+    could fit picks those that do, and one count says how many of each type there are.
     """
     is_core = AgentMemory.memory_type == "core"
     tokens = sa.func.coalesce(AgentMemory.token_estimate, sa.func.length(AgentMemory.content)) + LINE_TOKENS
@@ -167,9 +167,17 @@ def memories_within(agent_id: int, now: datetime, budget: int) -> MemoryWithin:
         sa.case((AgentMemory.memory_type == "journal", AgentMemory.created_at)).desc(),
         sa.case((is_core, AgentMemory.id), else_=-AgentMemory.id),
     )
+    # Every listed memory costs more than LINE_TOKENS, so no more than this many of each type can fit.
+    cap = budget // LINE_TOKENS + 1
+    scope = prompt_memories(agent_id, now).with_only_columns(AgentMemory.id)
+    oldest_core = scope.where(is_core).order_by(AgentMemory.created_at, AgentMemory.id).limit(cap)
+    newest_journal = (
+        scope.where(~is_core).order_by(AgentMemory.created_at.desc(), AgentMemory.id.desc()).limit(cap)
+    )
+    candidates = sa.union_all(oldest_core.subquery().select(), newest_journal.subquery().select()).subquery()
     ranked = (
-        prompt_memories(agent_id, now)
-        .with_only_columns(AgentMemory.id, sa.func.sum(tokens).over(order_by=order).label("running"))
+        sa.select(AgentMemory.id, sa.func.sum(tokens).over(order_by=order).label("running"))
+        .where(AgentMemory.id.in_(sa.select(candidates.c.id)))
         .subquery()
     )
     fitting = db.session.scalars(

@@ -10,7 +10,9 @@ from webapp.timeutil import utcnow
 
 LLM_PURPOSES = ("reply", "extract", "reflect", "refine", "summarize", "compact", "check")
 LLM_CALL_STATUSES = ("ok", "error")
-JOB_RUN_STATUSES = ("running", "done", "failed")
+# queued: recorded, waiting for a worker (the database is the record of work to do); interrupted: its worker
+# died mid-run (webapp.queue's sweep closes it and queues the work again).
+JOB_RUN_STATUSES = ("queued", "running", "done", "failed", "interrupted")
 
 # The job_runs row of the job now executing in this context, so LLM calls can point at it.
 current_job_run_id: ContextVar[int | None] = ContextVar("current_job_run_id", default=None)
@@ -44,7 +46,7 @@ class LlmCall(db.Model):
 
 
 class JobRun(db.Model):
-    """One row per execution of a background job (a retry is a new row)."""
+    """One row per execution of a background job, written when it is queued (a retry is a new row)."""
 
     __tablename__ = "job_runs"
     __table_args__ = (sa.Index("ix_job_runs_job_type_started_at", "job_type", "started_at"),)
