@@ -22,3 +22,8 @@ def test_reads_the_first_object(text):
 @pytest.mark.parametrize("text", ["", "no json here", "[1, 2]", '{"a": ', None])
 def test_returns_none_without_an_object(text):
     assert parse_json_object(text) is None
+
+
+def test_a_raw_newline_inside_a_string_is_read():
+    """The local model's JSON grammar lets raw control characters into strings; the meaning is still clear."""
+    assert parse_json_object('{"core": ["I like\ntea."]}') == {"core": ["I like\ntea."]}

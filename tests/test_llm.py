@@ -71,6 +71,14 @@ def test_malformed_tool_arguments_raise_a_clear_value_error(app, fake_llm):
         call.parsed_arguments()
 
 
+def test_tool_arguments_with_a_raw_newline_in_a_string_parse(app, fake_llm):
+    fake_llm.reply(tool_calls=[("save_memory", '{"content": "two\nlines", "memory_type": "journal"}')])
+
+    [call] = llm.complete("m", MESSAGES, purpose="reply", tools=[SAVE_MEMORY]).tool_calls
+
+    assert call.parsed_arguments() == {"content": "two\nlines", "memory_type": "journal"}
+
+
 @pytest.mark.parametrize(
     ("status", "retryable"), [(429, True), (500, True), (503, True), (400, False), (401, False), (404, False)]
 )

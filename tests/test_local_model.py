@@ -15,6 +15,7 @@ from tests.conftest import free_port, wait_for
 from tests.test_integration import _processes_of
 from webapp import llm
 from webapp.config import LOCAL_MODEL_ID
+from webapp.jsonparse import parse_json_object
 from webapp.processes import llm_server_argv
 
 pytestmark = pytest.mark.local_model
@@ -53,7 +54,11 @@ def local_model_url():
             time.sleep(0.5)
     yield url
     server.terminate()
-    server.wait(20)
+    try:
+        server.wait(20)
+    except subprocess.TimeoutExpired:  # still finishing a generation its client gave up on
+        server.kill()
+        server.wait()
 
 
 @pytest.fixture
@@ -78,39 +83,61 @@ def test_a_streamed_reply_arrives_token_by_token(local_app):
     assert result.prompt_tokens > 0 and result.completion_tokens > 0
 
 
-def test_a_forced_tool_call_parses(local_app):
-    result = llm.complete(
-        LOCAL_MODEL_ID,
-        [{"role": "user", "content": "Remember that my favourite colour is green."}],
-        purpose="reply",
-        tools=[SAVE_MEMORY],
-        tool_choice={"type": "function", "function": {"name": "save_memory"}},
-    )
+def _within_retries(attempt, tries: int = 3):
+    """The tiny model samples, so it now and then rambles past its limit or writes broken JSON; the jobs retry
+    such a model error with backoff, and so does this test (a build that never works still fails)."""
+    for remaining in reversed(range(tries)):
+        try:
+            return attempt()
+        except (llm.LLMError, ValueError, AssertionError):
+            if not remaining:
+                raise
 
-    [call] = result.tool_calls
-    assert call.name == "save_memory"
-    assert isinstance(call.parsed_arguments(), dict)
+
+def test_a_forced_tool_call_parses(local_app):
+    def attempt():
+        result = llm.complete(
+            LOCAL_MODEL_ID,
+            [{"role": "user", "content": "Remember that my favourite colour is green."}],
+            purpose="reply",
+            tools=[SAVE_MEMORY],
+            tool_choice={"type": "function", "function": {"name": "save_memory"}},
+        )
+        [call] = result.tool_calls
+        return call.name, call.parsed_arguments()
+
+    name, arguments = _within_retries(attempt)
+
+    assert name == "save_memory"
+    assert isinstance(arguments, dict)
 
 
 def test_json_output_parses(local_app):
-    result = llm.complete(
-        LOCAL_MODEL_ID,
-        [{"role": "user", "content": 'Answer with JSON: {"journal": [...], "core": [...]}. I like tea.'}],
-        purpose="extract",
-        response_format={
-            "type": "json_object",
-            "schema": {
-                "type": "object",
-                "properties": {
-                    "journal": {"type": "array", "items": {"type": "string"}},
-                    "core": {"type": "array", "items": {"type": "string"}},
+    def attempt():
+        result = llm.complete(
+            LOCAL_MODEL_ID,
+            [{"role": "user", "content": 'Answer with JSON: {"journal": [...], "core": [...]}. I like tea.'}],
+            purpose="extract",
+            response_format={
+                "type": "json_object",
+                "schema": {
+                    "type": "object",
+                    "properties": {
+                        "journal": {"type": "array", "items": {"type": "string"}},
+                        "core": {"type": "array", "items": {"type": "string"}},
+                    },
+                    "required": ["journal", "core"],
                 },
-                "required": ["journal", "core"],
             },
-        },
-    )
+        )
+        parsed = parse_json_object(
+            result.text
+        )  # as the jobs read it: raw control characters allowed in strings
+        assert parsed is not None, result.text
+        return parsed
 
-    parsed = json.loads(result.text)
+    parsed = _within_retries(attempt)
+
     assert isinstance(parsed["journal"], list) and isinstance(parsed["core"], list)
 
 

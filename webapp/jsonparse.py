@@ -21,7 +21,7 @@ def parse_json_object(text: str) -> dict[str, Any] | None:
 
 
 def _first_object(text: str) -> dict[str, Any] | None:
-    decoder = json.JSONDecoder()
+    decoder = json.JSONDecoder(strict=False)  # a raw newline inside a string is still the model's meaning
     for start in (i for i, ch in enumerate(text) if ch == "{"):
         try:
             value, _end = decoder.raw_decode(text, start)

@@ -42,7 +42,9 @@ class ToolCall:
     def parsed_arguments(self) -> dict[str, Any]:
         """The arguments as a dict; ValueError when the model wrote something else."""
         try:
-            value = json.loads(self.arguments or "{}")
+            value = json.loads(
+                self.arguments or "{}", strict=False
+            )  # small models put raw newlines in strings
         except json.JSONDecodeError as e:
             raise ValueError(f"arguments are not valid JSON: {e.msg}") from e
         if not isinstance(value, dict):
