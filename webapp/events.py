@@ -32,7 +32,12 @@ def channel(chat_id: int) -> str:
 def publish(chat_id: int, kind: str, message_id: int, text: str = "") -> None:
     """kind is "delta" (text streamed so far is extended by `text`) or "final" (the message changed state)."""
     payload = json.dumps({"kind": kind, "message_id": message_id, "text": text})
-    redis_connection().publish(channel(chat_id), payload)
+    try:
+        redis_connection().publish(channel(chat_id), payload)
+    except (
+        RedisError
+    ) as error:  # live updates are a courtesy: the database holds the message, a reload shows it
+        log.warning("live event for chat %s not sent: %s", chat_id, error)
 
 
 def listen(chat_id: int, max_seconds: float, keepalive: float) -> Iterator[dict[str, Any] | None]:
