@@ -54,7 +54,7 @@ def recent(admin, ada, basil):
 
 
 def _listed_titles(client) -> list[str]:
-    return re.findall(r'class="chat-title">([^<]+)</a>', client.get("/chats/").text)
+    return re.findall(r'class="chat-title">([^<]+)</span>', client.get("/chats/").text)
 
 
 def test_a_consolidation_leaves_the_chat_list_order_alone(client, signed_in, idle, recent, fake_llm):
@@ -66,7 +66,9 @@ def test_a_consolidation_leaves_the_chat_list_order_alone(client, signed_in, idl
     db.session.expire_all()
     assert db.session.get(Chat, idle.id).last_consolidated_at is not None
     assert _listed_titles(client) == ["Recent plans", "Idle garden talk"]
-    assert "active " + idle.last_message_at.strftime("%Y-%m-%d %H:%M") in client.get("/chats/").text
+    assert (
+        f'datetime="{idle.last_message_at.isoformat()}Z"' in client.get("/chats/").text
+    )  # still its last message
 
 
 def test_a_compaction_leaves_the_chat_list_order_alone(app, client, signed_in, idle, recent, fake_llm):

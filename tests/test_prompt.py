@@ -145,7 +145,8 @@ def test_no_model_sees_an_untitled_chats_database_id(admin, fake_llm):
     assert "Conversation: Untitled conversation" in now_block
     assert f'[{there.public_id}] "Untitled conversation"' in reply_prompt["messages"][-1]["content"]
     assert (
-        'Context from "Untitled conversation"' in json.loads(after_tool["messages"][-1]["content"])["message"]
+        'recent messages of "Untitled conversation"'
+        in json.loads(after_tool["messages"][-1]["content"])["message"]
     )
     assert 'Conversation: "Untitled conversation"' in summary_prompt["messages"][-1]["content"]
     for request in (reply_prompt, after_tool, summary_prompt):
