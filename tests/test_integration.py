@@ -177,4 +177,9 @@ def test_a_real_worker_consolidates_a_chat_with_concurrent_agents(live_app, fake
     db.session.expire_all()
     contents = sorted(db.session.scalars(sa.select(AgentMemory.content)))
     assert contents == ["Ada: tulips in March", "Basil: tulips in March", "Cleo: tulips in March"]
-    assert [r.status for r in _runs()] == ["done", "done"]
+    # A run a worker of an earlier test finished late may be there too; a second consolidation may not.
+    consolidation_runs = [r for r in _runs() if r.job_type in ("consolidate_finder", "consolidate")]
+    assert [(r.job_type, r.status) for r in consolidation_runs] == [
+        ("consolidate_finder", "done"),
+        ("consolidate", "done"),
+    ]

@@ -476,7 +476,7 @@ def test_save_memory_over_budget_enqueues_a_refinement(app, admin, agent, fake_l
     respond([reply.id])
 
     assert "refine_agent" in [j.func_name.rsplit(".", 1)[1] for j in rq_queue().get_jobs()]
-    assert db.session.scalar(sa.select(JobRun.status)) == "done"
+    assert db.session.scalar(sa.select(JobRun.status).where(JobRun.job_type == "reply")) == "done"
 
 
 def test_weekly_schedule_is_monday_0400():
