@@ -98,6 +98,8 @@ def complete(
         request["tool_choice"] = tool_choice
     if response_format:
         request["response_format"] = response_format
+    if max_tokens := current_app.config.get("LLM_MAX_OUTPUT_TOKENS"):
+        request["max_tokens"] = max_tokens  # a rambling model stops here, with a retryable "did not finish"
     started = time.monotonic()
     record = {"purpose": purpose, "agent_id": agent_id, "chat_id": chat_id, "model": model}
     try:
