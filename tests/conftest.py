@@ -18,7 +18,7 @@ from rq import Queue, Worker
 
 from tests.fake_llm import FakeLLM
 from webapp import create_app
-from webapp.extensions import db
+from webapp.extensions import db, limiter
 from webapp.processes import redis_server_argv
 from webapp.queue import redis_connection
 
@@ -35,6 +35,15 @@ def fake_llm():
 @pytest.fixture(autouse=True)
 def _fresh_fake_llm(fake_llm):
     fake_llm.reset()
+
+
+@pytest.fixture(autouse=True)
+def _rate_limits_counted_in_their_own_storage():
+    """Flask-Limiter keeps "the storage is down" on its one module-level instance, not per app. After a test
+    that ran an app without Redis, the next app would count its first requests in the fallback and the rest in
+    its own storage, and a limit of one would let two through."""
+    yield
+    limiter._storage_dead = False
 
 
 def _settings(database_url: str, llm_url: str) -> dict:
