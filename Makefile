@@ -14,7 +14,7 @@ run: $(INSTALLED)
 	@flask check
 	@flask db upgrade
 	@flask demo seed
-	@CAIRN_WEB_PORT=$${PORT:-5000} honcho start $$(python -m webapp.processes names)
+	@CAIRN_WEB_PORT=$${PORT:-5000} honcho start $$(python -m webapp.runtime.processes names)
 
 install: $(INSTALLED)
 

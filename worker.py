@@ -2,7 +2,7 @@
 
 It rides out a Redis outage: RQ retries its dequeue with backoff, the worker registers itself again if Redis
 lost its data, and any other Redis error that ends RQ's work loop starts a fresh worker once Redis answers.
-It serves the reply queue before the background queue, and sweeps for lost or interrupted work (webapp.queue)
+It serves the reply queue before the background queue, and sweeps for lost or interrupted work (webapp.jobs.queue)
 in a thread: the sweep must run exactly when Redis lost its data, so it cannot itself be a job in Redis.
 """
 
@@ -20,10 +20,11 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import Worker
 
-from webapp import config, create_app, jobs, prompts, tokens
+from webapp import config, create_app, jobs, tokens
+from webapp import prompting as prompts
 from webapp.extensions import db
-from webapp.health import WORKER_TTL_SECONDS
-from webapp.queue import redis_connection, sweep_forever, wait_for_redis, worker_queues
+from webapp.jobs.queue import redis_connection, sweep_forever, wait_for_redis, worker_queues
+from webapp.web.health import WORKER_TTL_SECONDS
 
 log = logging.getLogger("rq.worker")  # printed by the handler RQ sets up
 RECONNECT_DELAYS = [0.5, 1, 2, 5]  # seconds between attempts while Redis is unreachable, the last repeated

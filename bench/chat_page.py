@@ -12,7 +12,7 @@ from bench.common import bench_app, measure
 from tests import factories
 from webapp.extensions import db
 from webapp.models import AgentMemory, Message
-from webapp.prompt import build_messages
+from webapp.prompting.build import build_messages
 from webapp.timeutil import utcnow
 from webapp.tokens import count_tokens
 

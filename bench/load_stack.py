@@ -27,7 +27,7 @@ from tests.fake_llm import FakeLLM
 from webapp import create_app
 from webapp.extensions import db
 from webapp.models import Account, Agent, Chat, ChatAgent, User
-from webapp.processes import redis_server_argv
+from webapp.runtime.processes import redis_server_argv
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent

@@ -14,7 +14,7 @@ from tests import factories
 from webapp.extensions import db
 from webapp.models import AgentMemory
 from webapp.models.memories import core_memories
-from webapp.prompts import render
+from webapp.prompting import render
 from webapp.timeutil import utcnow
 
 SIZES = [(500, 5_000), (5_000, 50_000)]  # (memories, audit rows)

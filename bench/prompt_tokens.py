@@ -14,7 +14,7 @@ from tests.fake_llm import FakeLLM
 from webapp.extensions import db
 from webapp.jobs.compaction import compact_chat
 from webapp.models import Chat, Message
-from webapp.prompt import build_messages
+from webapp.prompting.build import build_messages
 from webapp.timeutil import utcnow
 from webapp.tokens import count_tokens
 

@@ -19,8 +19,8 @@ from rq import Queue, Worker
 from tests.fake_llm import FakeLLM
 from webapp import create_app
 from webapp.extensions import db, limiter
-from webapp.processes import redis_server_argv
-from webapp.queue import redis_connection
+from webapp.jobs.queue import redis_connection
+from webapp.runtime.processes import redis_server_argv
 
 POSTGRES_URL = os.environ.get("TEST_DATABASE_URL")
 

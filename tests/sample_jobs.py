@@ -1,7 +1,7 @@
 """Jobs used only by the queue tests (RQ imports them by dotted path in the worker)."""
 
+from webapp.jobs.queue import recorded_job
 from webapp.llm import LLMError
-from webapp.queue import recorded_job
 
 
 @recorded_job("sample", target=lambda n: f"n:{n}")

@@ -6,10 +6,9 @@ import pytest
 import sqlalchemy as sa
 
 from tests import factories
-from webapp import public_ids
 from webapp.extensions import db
 from webapp.jobs.replies import ReplyFailed, request_replies, respond, retry_reply
-from webapp.models import ChatAgent, Message
+from webapp.models import ChatAgent, Message, public_ids
 from webapp.timeutil import utcnow
 from webapp.tools import REGISTRY, ToolContext
 from webapp.tools.borrow_context import borrow_context

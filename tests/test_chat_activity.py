@@ -12,9 +12,9 @@ from tests import factories
 from webapp.extensions import db
 from webapp.jobs.compaction import compact_chat
 from webapp.jobs.consolidation import consolidate_chat, consolidate_stale_chats
+from webapp.jobs.queue import rq_queue
 from webapp.models import Chat
-from webapp.prompt import build_messages
-from webapp.queue import rq_queue
+from webapp.prompting.build import build_messages
 from webapp.timeutil import utcnow
 
 

@@ -7,8 +7,8 @@ import sqlalchemy as sa
 
 from tests import factories
 from webapp.extensions import db
+from webapp.jobs.queue import rq_queue
 from webapp.models import Chat, Message
-from webapp.queue import rq_queue
 
 
 @pytest.fixture

@@ -6,9 +6,9 @@ import sqlalchemy as sa
 from tests import factories
 from webapp.extensions import db
 from webapp.jobs.compaction import compact_chat, compact_if_needed
+from webapp.jobs.queue import rq_queue
 from webapp.llm import LLMError
 from webapp.models import Chat, LlmCall, Message
-from webapp.queue import rq_queue
 
 
 @pytest.fixture
@@ -119,7 +119,7 @@ def test_global_settings_apply_without_overrides(app, chat, admin, fake_llm):
 
 
 def test_the_prompt_holds_the_summary_and_only_messages_after_the_cut(app, chat, admin, fake_llm):
-    from webapp.prompt import build_messages
+    from webapp.prompting.build import build_messages
 
     chat.compaction_threshold, chat.compaction_keep_recent = 3, 1
     _fill(chat, admin, 4)
@@ -165,7 +165,7 @@ def test_sending_a_message_past_the_threshold_queues_a_compaction(app, client, a
 
 @pytest.mark.parametrize("size", [100, 1_000, 10_000])
 def test_prompt_input_stays_bounded_however_long_the_chat(app, chat, admin, size):
-    from webapp.prompt import build_messages
+    from webapp.prompting.build import build_messages
     from webapp.timeutil import utcnow
     from webapp.tokens import count_tokens
 
@@ -251,7 +251,7 @@ def test_a_long_backlog_is_summarized_a_batch_at_a_time(app, chat, admin, fake_l
 
 
 def test_only_the_newest_summary_sections_within_budget_reach_the_prompt(app, chat):
-    from webapp.prompt import build_messages
+    from webapp.prompting.build import build_messages
 
     app.config["MEMORY_DOC_PROMPT_TOKENS"] = 40
     chat.memory_doc = "\n\n".join(f"## Through day {i}\n\n- " + "fact " * 15 for i in range(10))

@@ -6,7 +6,7 @@ import pytest
 
 from tests.test_cli import flask
 from webapp import config, create_app
-from webapp.processes import procfile_names
+from webapp.runtime.processes import procfile_names
 
 VARIABLES = ("DATABASE_URL", "REDIS_URL", "LLM_BASE_URL", "LLM_API_KEY", "SECRET_KEY", "MODEL_PRICES")
 

@@ -17,9 +17,9 @@ from webapp.jobs.consolidation import (
     consolidate_stale_chats,
     stale_chats_query,
 )
+from webapp.jobs.queue import enqueue, rq_queue
 from webapp.llm import LLMError
 from webapp.models import AgentMemory, AuditLog, Chat, ChatAgent, JobRun, LlmCall
-from webapp.queue import enqueue, rq_queue
 from webapp.timeutil import utcnow
 from webapp.tokens import count_tokens
 

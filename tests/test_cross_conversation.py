@@ -9,11 +9,10 @@ from rq import SimpleWorker
 
 from tests import factories
 from tests.querycount import count_queries
-from webapp import public_ids
 from webapp.extensions import db
-from webapp.models import ChatAgent
-from webapp.prompt import build_messages, build_prompt
-from webapp.queue import worker_queues
+from webapp.jobs.queue import worker_queues
+from webapp.models import ChatAgent, public_ids
+from webapp.prompting.build import build_messages, build_prompt
 from webapp.timeutil import utcnow
 
 NOW = "2026-11-21 12:00:00Z"
@@ -322,7 +321,7 @@ def test_the_panel_costs_the_same_queries_for_more_agents_and_chats(client, auth
 
 
 def test_the_ago_filter_words_durations(app):
-    from webapp.chats import ago
+    from webapp.web.chats import ago
 
     now = utcnow()
     assert [ago(now - d) for d in (timedelta(seconds=30), timedelta(minutes=1), timedelta(minutes=59))] == [

@@ -8,8 +8,8 @@ from rq.utils import utcformat
 from rq_scheduler import Scheduler
 
 from tests.conftest import free_port
-from webapp import health
-from webapp.queue import init_app
+from webapp.jobs.queue import init_app
+from webapp.web import health
 
 
 def _all_up(fake_redis) -> None:

@@ -19,8 +19,8 @@ from tests import sample_jobs
 from tests.conftest import POSTGRES_URL, free_port, wait_for, worker_env
 from webapp.extensions import db
 from webapp.jobs.ping import ping
+from webapp.jobs.queue import enqueue
 from webapp.models import JobRun
-from webapp.queue import enqueue
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,7 +78,11 @@ def test_make_run_survives_crashes_of_worker_scheduler_and_redis_and_stops_clean
         env["DATABASE_URL"] = POSTGRES_URL
     subprocess.run(["flask", "db", "upgrade"], cwd=ROOT, env=env, check=True, capture_output=True)
     names = subprocess.run(
-        [sys.executable, "-m", "webapp.processes", "names"], cwd=ROOT, env=env, capture_output=True, text=True
+        [sys.executable, "-m", "webapp.runtime.processes", "names"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
     ).stdout.split()
     assert names == ["web", "worker", "scheduler", "redis", "ready"]
 

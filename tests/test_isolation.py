@@ -3,7 +3,7 @@
 import pytest
 
 from tests import factories
-from webapp.queue import rq_queue
+from webapp.jobs.queue import rq_queue
 
 ROUTES = [
     ("GET", "/agents/{agent}/edit"),

@@ -9,8 +9,8 @@ import sqlalchemy as sa
 from tests import factories
 from tests.querycount import count_queries
 from webapp.extensions import db
+from webapp.jobs.queue import rq_queue
 from webapp.models import JobRun, LlmCall
-from webapp.queue import rq_queue
 from webapp.timeutil import utcnow
 
 HTMX = {"HX-Request": "true"}

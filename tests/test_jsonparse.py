@@ -2,7 +2,7 @@
 
 import pytest
 
-from webapp.jsonparse import parse_json_object
+from webapp.llm.jsonparse import parse_json_object
 
 
 @pytest.mark.parametrize(

@@ -15,8 +15,8 @@ from tests.conftest import free_port, wait_for
 from tests.test_integration import _processes_of
 from webapp import llm
 from webapp.config import LOCAL_MODEL_ID
-from webapp.jsonparse import parse_json_object
-from webapp.processes import llm_server_argv
+from webapp.llm.jsonparse import parse_json_object
+from webapp.runtime.processes import llm_server_argv
 
 pytestmark = pytest.mark.local_model
 
@@ -153,7 +153,7 @@ def test_the_model_server_passes_its_self_test_and_comes_back_after_a_segfault(t
     }
     marker = tmp_path / "llm.ready"
     supervisor = subprocess.Popen(
-        [sys.executable, "-m", "webapp.processes", "run", "llm"],
+        [sys.executable, "-m", "webapp.runtime.processes", "run", "llm"],
         cwd=Path(__file__).resolve().parent.parent,
         env=env,
         stdout=subprocess.PIPE,

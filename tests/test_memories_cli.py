@@ -7,10 +7,10 @@ import sqlalchemy as sa
 import time_machine
 
 from tests import factories
-from webapp import schedule
 from webapp.extensions import db
+from webapp.jobs import schedule
+from webapp.jobs.queue import rq_queue
 from webapp.models import AgentMemory
-from webapp.queue import rq_queue
 from webapp.timeutil import utcnow
 
 

@@ -14,7 +14,7 @@ from webapp.jobs.consolidation import consolidate_chat
 from webapp.jobs.refinement import refine_agent
 from webapp.jobs.reflection import reflect_agent
 from webapp.models import AgentMemory
-from webapp.prompt import PromptTooLarge, build_prompt, fit_to_budget, prompt_tokens
+from webapp.prompting.build import PromptTooLarge, build_prompt, fit_to_budget, prompt_tokens
 from webapp.timeutil import utcnow
 from webapp.tokens import count_tokens
 from webapp.tools import ToolContext

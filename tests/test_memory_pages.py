@@ -8,10 +8,10 @@ import sqlalchemy as sa
 
 from tests import factories
 from tests.querycount import count_queries
-from webapp import schedule
 from webapp.extensions import db
+from webapp.jobs import schedule
+from webapp.jobs.queue import rq_queue
 from webapp.models import AgentMemory, AuditLog
-from webapp.queue import rq_queue
 from webapp.timeutil import utcnow
 
 HTMX = {"HX-Request": "true"}

@@ -11,8 +11,8 @@ from tests import factories
 from tests.querycount import count_queries
 from webapp.extensions import db
 from webapp.jobs.refinement import refine_agent
-from webapp.memory_ledger import dedup_for_agent, record_change
 from webapp.models import AgentMemory, AuditLog
+from webapp.models.audit import dedup_for_agent, record_change
 from webapp.timeutil import utcnow
 
 HTMX = {"HX-Request": "true"}

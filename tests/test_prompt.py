@@ -10,7 +10,7 @@ from webapp.extensions import db
 from webapp.jobs.replies import request_replies, respond
 from webapp.jobs.summaries import summarize
 from webapp.models import ChatAgent
-from webapp.prompt import TRUNCATION_NOTE, build_messages
+from webapp.prompting.build import TRUNCATION_NOTE, build_messages
 from webapp.timeutil import utcnow
 
 NOW = "2026-11-21 12:00:00Z"

@@ -9,8 +9,7 @@ from rq.job import JobStatus
 
 from tests import sample_jobs
 from webapp.extensions import db
-from webapp.models import Account, JobRun
-from webapp.queue import (
+from webapp.jobs.queue import (
     HEARTBEAT_SECONDS,
     LOCK_SECONDS,
     enqueue,
@@ -20,6 +19,7 @@ from webapp.queue import (
     sweep,
     worker_queues,
 )
+from webapp.models import Account, JobRun
 
 
 def _runs() -> list[JobRun]:

@@ -19,10 +19,10 @@ from tests.conftest import _database_for_test, _in_context, _settings, wait_for,
 from webapp import create_app
 from webapp.extensions import db
 from webapp.jobs.consolidation import consolidate_chat
+from webapp.jobs.queue import enqueue
 from webapp.jobs.refinement import refine_agent
 from webapp.models import AgentMemory, AuditLog, JobRun, LlmCall, Message
-from webapp.processes import redis_server_argv
-from webapp.queue import enqueue
+from webapp.runtime.processes import redis_server_argv
 from webapp.timeutil import utcnow
 
 pytestmark = pytest.mark.integration

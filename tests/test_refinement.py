@@ -8,12 +8,12 @@ import sqlalchemy as sa
 
 from tests import factories
 from webapp.extensions import db
+from webapp.jobs.queue import rq_queue
 from webapp.jobs.refinement import agents_due_query, refine_agent, refine_due, trigger_if_over_budget
-from webapp.memory_ledger import UndoConflict, dedup_for_agent, rollback_session, undo
 from webapp.models import AgentMemory, AuditLog, JobRun
+from webapp.models.audit import UndoConflict, dedup_for_agent, rollback_session, undo
 from webapp.models.memories import ConstitutionalMemoryError, active_memories, like_pattern
-from webapp.prompt import build_messages
-from webapp.queue import rq_queue
+from webapp.prompting.build import build_messages
 from webapp.timeutil import utcnow
 from webapp.tools.refinement import RefinementSession
 
@@ -480,7 +480,7 @@ def test_save_memory_over_budget_enqueues_a_refinement(app, admin, agent, fake_l
 
 
 def test_weekly_schedule_is_monday_0400():
-    from webapp import schedule
+    from webapp.jobs import schedule
 
     assert {s.func: s.cron for s in schedule.SCHEDULES}["webapp.jobs.refinement.refine_due"] == "0 4 * * 1"
 

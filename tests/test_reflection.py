@@ -10,9 +10,9 @@ from rq import SimpleWorker
 from tests import factories
 from tests.querycount import count_queries
 from webapp.extensions import db
+from webapp.jobs.queue import enqueue, rq_queue
 from webapp.jobs.reflection import agents_to_reflect_query, chosen_numbers, reflect_agent, reflect_all
 from webapp.models import AgentMemory, AuditLog, JobRun
-from webapp.queue import enqueue, rq_queue
 from webapp.timeutil import utcnow
 
 

@@ -10,9 +10,9 @@ from rq.job import JobStatus
 
 from tests import factories
 from webapp.extensions import db
+from webapp.jobs.queue import rq_queue, worker_queues
 from webapp.jobs.replies import ReplyFailed, request_replies, respond
 from webapp.models import AgentMemory, AuditLog, JobRun, LlmCall, Message
-from webapp.queue import rq_queue, worker_queues
 
 
 @pytest.fixture
@@ -391,7 +391,7 @@ def _stuck(reply: Message) -> None:
 
 
 def test_a_reply_still_being_written_cannot_be_retried(app, chat, ada, admin, client):
-    from webapp.queue import held_lock
+    from webapp.jobs.queue import held_lock
 
     [reply] = _pending(chat, ada)
     db.session.execute(sa.update(JobRun).values(status="done"))  # its job is not waiting any more
@@ -421,7 +421,7 @@ def test_a_reply_waiting_for_a_worker_cannot_be_retried(app, chat, ada, admin, c
 def test_a_reply_whose_worker_dies_twice_fails_with_a_working_retry(app, chat, ada, admin, client):
     import time_machine
 
-    from webapp.queue import HEARTBEAT_SECONDS, sweep
+    from webapp.jobs.queue import HEARTBEAT_SECONDS, sweep
     from webapp.timeutil import utcnow
 
     [reply] = _pending(chat, ada)

@@ -2,7 +2,7 @@
 
 import time_machine
 
-from webapp import schedule
+from webapp.jobs import schedule
 
 
 def test_sync_registers_every_cadence_once_however_often_it_runs(app, runner):

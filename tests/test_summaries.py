@@ -11,11 +11,11 @@ from rq import SimpleWorker
 from tests import factories
 from tests.querycount import count_queries
 from webapp.extensions import db
+from webapp.jobs.queue import rq_queue
 from webapp.jobs.replies import request_replies, respond
 from webapp.jobs.summaries import clean_summary, summarize
 from webapp.llm import LLMError
 from webapp.models import ChatAgent, JobRun, LlmCall
-from webapp.queue import rq_queue
 from webapp.timeutil import utcnow
 
 NOW = "2026-11-21 12:00:00Z"
@@ -280,7 +280,7 @@ def test_a_failing_summary_job_fails_quietly_in_the_worker(app, fake_llm, admin,
     app.config["JOB_MAX_RETRIES"] = 0
     chat = _conversation(admin, [ada])
     factories.summary(chat, ada, "Still true.", generated_at=utcnow() - timedelta(hours=1))
-    from webapp.queue import enqueue
+    from webapp.jobs.queue import enqueue
 
     enqueue(summarize, chat.id, ada.id)
     db.session.commit()

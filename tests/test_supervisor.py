@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import free_port, wait_for
-from webapp.processes import llm_self_test
+from webapp.runtime.processes import llm_self_test
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CHILD = "import os, sys, time; open(sys.argv[1], 'a').write(f'{os.getpid()}\\n'); time.sleep(600)"
 SUPERVISE = """
 import sys
-from webapp.supervisor import Service, Supervisor
+from webapp.runtime.supervisor import Service, Supervisor
 service = Service("sleeper", [sys.executable, "-c", sys.argv[1], sys.argv[2]])
 sys.exit(Supervisor(service, backoff=[0.1, 0.2]).run())
 """

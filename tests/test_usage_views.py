@@ -11,9 +11,9 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from tests import factories
 from tests.querycount import count_queries
+from webapp.admin.usage import CalendarDay
 from webapp.extensions import db
 from webapp.models import LlmCall
-from webapp.usage import CalendarDay
 
 NOW = datetime(2025, 5, 10, 12, 0)
 

@@ -10,12 +10,12 @@ import sqlalchemy as sa
 from redis import Redis
 
 from tests.conftest import wait_for, worker_env
-from webapp import health
 from webapp.extensions import db
 from webapp.jobs.ping import ping
+from webapp.jobs.queue import enqueue
 from webapp.models import JobRun
-from webapp.processes import redis_server_argv
-from webapp.queue import enqueue
+from webapp.runtime.processes import redis_server_argv
+from webapp.web import health
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parent.parent

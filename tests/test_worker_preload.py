@@ -4,8 +4,9 @@ finds the tokenizer, the job functions and the prompt templates already in memor
 import os
 
 import worker
-from webapp import prompts, tokens
-from webapp.queue import JOB_TYPES
+from webapp import prompting as prompts
+from webapp import tokens
+from webapp.jobs.queue import JOB_TYPES
 
 
 def test_preload_leaves_nothing_expensive_for_the_work_horse(app):

@@ -28,17 +28,20 @@ def create_app(test_config: dict | None = None) -> Flask:
     login_manager.init_app(app)
     csrf.init_app(app)
 
-    from webapp import guards, llm, queue
+    from webapp import llm
+    from webapp.jobs import queue
+    from webapp.web import guards
 
     llm.init_app(app)
     queue.init_app(app)
     guards.init_app(app)
 
-    from webapp import agents, auth, chats, health, memories, models, usage  # noqa: F401  (models registers the tables)
+    from webapp import admin, models  # noqa: F401  (models registers the tables)
     from webapp.cli import register_cli
-    from webapp.markdown import render_markdown
+    from webapp.web import agents, auth, chats, health
+    from webapp.web.markdown import render_markdown
 
-    for blueprint in (auth.bp, agents.bp, chats.bp, health.bp, usage.bp, memories.bp):
+    for blueprint in (auth.bp, agents.bp, chats.bp, health.bp, admin.bp):
         app.register_blueprint(blueprint)
     app.add_url_rule("/", "home", lambda: redirect(url_for("chats.index")))
     app.jinja_env.filters["markdown"] = render_markdown

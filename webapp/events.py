@@ -20,7 +20,7 @@ from typing import Any
 from redis import BlockingConnectionPool, Redis
 from redis.exceptions import RedisError
 
-from webapp.queue import redis_connection
+from webapp.jobs.queue import redis_connection
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ import sqlalchemy as sa
 from flask import current_app
 from flask.cli import AppGroup
 
-from webapp import schedule
 from webapp.extensions import db
+from webapp.jobs import schedule
 from webapp.models import Account, Agent, User
 from webapp.models.accounts import password_problem
 
@@ -31,7 +31,7 @@ DEMO_AGENTS = [
 @click.command("check")
 def check() -> None:
     """Check every configured external service and name the variable of any that is unreachable."""
-    from webapp.health import check_database, check_llm, check_redis
+    from webapp.web.health import check_database, check_llm, check_redis
 
     failures = []
     probes = [("DATABASE_URL", check_database)]
@@ -71,7 +71,7 @@ def schedule_list() -> None:
 @schedule_cli.command("run")
 def schedule_run() -> None:
     """Run rq-scheduler in the foreground: it moves due recurring jobs onto the queue."""
-    from webapp.queue import wait_for_redis
+    from webapp.jobs.queue import wait_for_redis
 
     wait_for_redis()
     schedule.sync()  # also puts this process on UTC, so cron strings mean UTC when the scheduler reschedules
@@ -139,7 +139,7 @@ def demo_seed() -> None:
 def jobs_ping(now: bool) -> None:
     """Enqueue (or run) the ping job, which records itself in job_runs."""
     from webapp.jobs.ping import ping
-    from webapp.queue import enqueue
+    from webapp.jobs.queue import enqueue
 
     if now:
         click.echo(f"ping: {ping()}")

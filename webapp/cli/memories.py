@@ -4,10 +4,9 @@ import click
 import sqlalchemy as sa
 from flask.cli import AppGroup
 
-from webapp import search
 from webapp.extensions import db
-from webapp.models import AgentMemory
-from webapp.queue import enqueue
+from webapp.jobs.queue import enqueue
+from webapp.models import AgentMemory, search
 
 memories_cli = AppGroup("memories", help="Agents' memories: consolidation, reflection, backfills.")
 BACKFILL_BATCH = 500
@@ -84,8 +83,8 @@ def refine(agent_id: int | None, now: bool) -> None:
 @click.option("--agent", "agent_id", type=int, help="One agent (default: every agent).")
 def dedup(agent_id: int | None) -> None:
     """Soft-delete repeated core memories (the oldest copy and constitutional ones stay), with audit rows."""
-    from webapp.memory_ledger import dedup_for_agent
     from webapp.models import Agent
+    from webapp.models.audit import dedup_for_agent
 
     agent_ids = [agent_id] if agent_id is not None else db.session.scalars(sa.select(Agent.id)).all()
     for found in agent_ids:

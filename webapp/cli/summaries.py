@@ -5,11 +5,11 @@ import sqlalchemy as sa
 from flask.cli import AppGroup
 
 from webapp.extensions import db
+from webapp.jobs.queue import enqueue
 from webapp.jobs.summaries import summarize
 from webapp.llm import LLMError
 from webapp.models import Agent, Chat, ChatAgent
 from webapp.models.chats import ACTIVE_WINDOW
-from webapp.queue import enqueue
 from webapp.timeutil import utcnow
 
 summaries_cli = AppGroup("summaries", help="Agents' summaries of their conversations.")

@@ -5,6 +5,6 @@ import pkgutil
 
 
 def load_all() -> None:
-    """Import every job module, so each recorded job type is in webapp.queue.JOB_TYPES."""
+    """Import every job module, so each recorded job type is in webapp.jobs.queue.JOB_TYPES."""
     for module in pkgutil.iter_modules(__path__):
         importlib.import_module(f"{__name__}.{module.name}")

@@ -10,9 +10,9 @@ from sqlalchemy.orm import joinedload
 
 from webapp import llm
 from webapp.extensions import db
+from webapp.jobs.queue import enqueue, recorded_job
 from webapp.models import Chat, Message
-from webapp.prompts import render
-from webapp.queue import enqueue, recorded_job
+from webapp.prompting import render
 from webapp.tokens import count_tokens
 
 

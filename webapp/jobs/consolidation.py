@@ -18,14 +18,14 @@ from sqlalchemy.orm import joinedload
 from webapp import llm
 from webapp.extensions import db
 from webapp.jobs.concurrency import map_in_threads
-from webapp.jsonparse import parse_json_object
+from webapp.jobs.queue import enqueue, recorded_job
 from webapp.llm import LLMError
-from webapp.memory_ledger import record_change
+from webapp.llm.jsonparse import parse_json_object
 from webapp.models import AgentMemory, Chat, ChatAgent, Message
+from webapp.models.audit import record_change
 from webapp.models.memories import MAX_CONTENT_CHARS, active_memories, content_hash_of, memories_within
-from webapp.prompt import memory_budget
-from webapp.prompts import render
-from webapp.queue import enqueue, recorded_job
+from webapp.prompting import render
+from webapp.prompting.build import memory_budget
 from webapp.timeutil import utcnow
 from webapp.tokens import count_tokens
 

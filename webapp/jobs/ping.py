@@ -1,7 +1,7 @@
 import sqlalchemy as sa
 
 from webapp.extensions import db
-from webapp.queue import recorded_job
+from webapp.jobs.queue import recorded_job
 
 
 @recorded_job("ping")

@@ -14,13 +14,13 @@ from flask import current_app
 
 from webapp import llm
 from webapp.extensions import db
+from webapp.jobs.queue import enqueue, recorded_job
 from webapp.llm import LLMError
-from webapp.memory_ledger import dedup_for_agent, session_rows
 from webapp.models import Agent, AgentMemory, AuditLog, JobRun
+from webapp.models.audit import dedup_for_agent, session_rows
 from webapp.models.memories import active_memories, core_memories
-from webapp.prompt import memory_budget
-from webapp.prompts import render
-from webapp.queue import enqueue, recorded_job
+from webapp.prompting import render
+from webapp.prompting.build import memory_budget
 from webapp.timeutil import utcnow
 from webapp.tools.refinement import SCHEMA, VIA, RefinementSession
 

@@ -11,14 +11,14 @@ from flask import current_app
 
 from webapp import llm
 from webapp.extensions import db
+from webapp.jobs.queue import enqueue, recorded_job
 from webapp.jobs.refinement import trigger_if_over_budget
-from webapp.jsonparse import parse_json_object
-from webapp.memory_ledger import record_change
+from webapp.llm.jsonparse import parse_json_object
 from webapp.models import Agent, AgentMemory
+from webapp.models.audit import record_change
 from webapp.models.memories import JOURNAL_WINDOW, active_memories, core_memories, token_pages
-from webapp.prompt import memory_budget
-from webapp.prompts import render
-from webapp.queue import enqueue, recorded_job
+from webapp.prompting import render
+from webapp.prompting.build import memory_budget
 from webapp.timeutil import utcnow
 
 log = logging.getLogger(__name__)

@@ -8,14 +8,15 @@ import sqlalchemy as sa
 from flask import current_app
 from rq import get_current_job
 
-from webapp import events, llm, tool_steps
+from webapp import events, llm
 from webapp.extensions import db
 from webapp.jobs.followups import after_new_message
+from webapp.jobs.queue import enqueue, held_lock, lock_holder, recorded_job, redis_connection
 from webapp.llm import LLMError
 from webapp.models import Agent, Chat, JobRun, Message
-from webapp.prompt import build_prompt, fit_to_budget, record_sources
-from webapp.queue import enqueue, held_lock, lock_holder, recorded_job, redis_connection
+from webapp.prompting.build import build_prompt, fit_to_budget, record_sources
 from webapp.tools import ToolContext, run_tool_call, schemas_for
+from webapp.tools import steps as tool_steps
 
 log = logging.getLogger(__name__)
 WAITING = ("pending", "streaming")

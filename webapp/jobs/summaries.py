@@ -8,10 +8,10 @@ from sqlalchemy.orm import joinedload
 
 from webapp import llm
 from webapp.extensions import db
+from webapp.jobs.queue import enqueue, recorded_job
 from webapp.llm import LLMError
 from webapp.models import Chat, ChatAgent, Message
-from webapp.prompts import render
-from webapp.queue import enqueue, recorded_job
+from webapp.prompting import render
 from webapp.timeutil import utcnow
 
 log = logging.getLogger(__name__)

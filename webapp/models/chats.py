@@ -5,8 +5,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Mapped, contains_eager, mapped_column, relationship
 
-from webapp import public_ids
 from webapp.extensions import JSON, db
+from webapp.models import public_ids
 from webapp.models.agents import Agent
 from webapp.timeutil import utcnow
 

@@ -11,7 +11,7 @@ from webapp.timeutil import utcnow
 LLM_PURPOSES = ("reply", "extract", "reflect", "refine", "summarize", "compact", "check")
 LLM_CALL_STATUSES = ("ok", "error")
 # queued: recorded, waiting for a worker (the database is the record of work to do); interrupted: its worker
-# died mid-run (webapp.queue's sweep closes it and queues the work again).
+# died mid-run (webapp.jobs.queue's sweep closes it and queues the work again).
 JOB_RUN_STATUSES = ("queued", "running", "done", "failed", "interrupted")
 
 # The job_runs row of the job now executing in this context, so LLM calls can point at it.

@@ -3,9 +3,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import joinedload
 
-from webapp import public_ids
 from webapp.extensions import db
-from webapp.models import Chat, ChatAgent, Message
+from webapp.models import Chat, ChatAgent, Message, public_ids
 from webapp.timeutil import utcnow
 from webapp.tools.base import Tool, ToolContext
 

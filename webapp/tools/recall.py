@@ -4,11 +4,10 @@ import sqlalchemy as sa
 from flask import current_app
 from sqlalchemy.orm import joinedload
 
-from webapp import search
 from webapp.extensions import db
-from webapp.models import Agent, AgentMemory, Chat, ChatAgent, Message
+from webapp.models import Agent, AgentMemory, Chat, ChatAgent, Message, search
 from webapp.models.memories import active_memories
-from webapp.search import Match
+from webapp.models.search import Match
 from webapp.timeutil import utcnow
 from webapp.tokens import count_tokens
 from webapp.tools.base import Tool, ToolContext

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from webapp.extensions import db
-from webapp.memory_ledger import record_change, rollback_session
 from webapp.models import Agent, AgentMemory, AuditLog
+from webapp.models.audit import record_change, rollback_session
 from webapp.models.memories import core_memories, like_pattern, token_pages
 from webapp.timeutil import utcnow
 

@@ -1,8 +1,8 @@
 from typing import Any
 
 from webapp.extensions import db
-from webapp.memory_ledger import record_change
 from webapp.models import AgentMemory
+from webapp.models.audit import record_change
 from webapp.models.memories import JOURNAL_WINDOW, MAX_CONTENT_CHARS, active_memories, content_hash_of
 from webapp.timeutil import utcnow
 from webapp.tools.base import Tool, ToolContext

@@ -1,13 +1,15 @@
-"""Helpers the memory pages share: the account's rows or a 404, fragments for HTMX, pages of rows."""
+"""What the admin pages share: their blueprint, the account's rows or a 404, page-or-fragment, pages of rows."""
 
 from typing import Any
 
 import sqlalchemy as sa
-from flask import Response, abort, flash, redirect, render_template, request
+from flask import Blueprint, Response, abort, flash, redirect, render_template, request
 from flask_login import current_user
 
 from webapp.extensions import db
 from webapp.models import Agent, AgentMemory, AuditLog
+
+bp = Blueprint("admin", __name__, url_prefix="/admin")
 
 PER_PAGE = 50
 MAX_PAGE = 10_000  # deeper pages are not a reading use; the cap keeps OFFSET within range

@@ -5,9 +5,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from webapp import public_ids
 from webapp.extensions import db
-from webapp.models import Chat
+from webapp.models import Chat, public_ids
 
 CHIP_CHARS = 80
 

@@ -14,12 +14,11 @@ import sqlalchemy as sa
 from flask import current_app
 from sqlalchemy.orm import joinedload
 
-from webapp import public_ids
 from webapp.extensions import db
 from webapp.llm import LLMError
-from webapp.models import Agent, Chat, ChatAgent, Message, ReplySources, User
+from webapp.models import Agent, Chat, ChatAgent, Message, ReplySources, User, public_ids
 from webapp.models.memories import MemoryWithin, memories_within
-from webapp.prompts import render
+from webapp.prompting import render
 from webapp.timeutil import utcnow
 from webapp.tokens import count_tokens
 

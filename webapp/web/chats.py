@@ -23,16 +23,16 @@ from wtforms import SelectMultipleField, StringField, TextAreaField, widgets
 from wtforms.validators import DataRequired, Length, ValidationError
 
 from webapp import events
-from webapp.auth import owned_or_404
 from webapp.extensions import db
-from webapp.guards import replies_limit
 from webapp.jobs.followups import after_new_message
 from webapp.jobs.replies import request_replies, retry_refusal, retry_reply, stop_reply
-from webapp.markdown import render_markdown
 from webapp.models import Agent, AuditLog, Chat, ChatAgent, Message
 from webapp.models.chats import other_conversations
 from webapp.models.memories import prompt_memories
 from webapp.timeutil import utcnow
+from webapp.web.auth import owned_or_404
+from webapp.web.guards import replies_limit
+from webapp.web.markdown import render_markdown
 
 bp = Blueprint("chats", __name__, url_prefix="/chats")
 

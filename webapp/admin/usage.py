@@ -8,20 +8,19 @@ from math import floor, log10
 from typing import Any
 
 import sqlalchemy as sa
-from flask import Blueprint, Response, abort, current_app, flash, redirect, render_template, request, url_for
+from flask import Response, abort, current_app, flash, redirect, render_template, request, url_for
 from flask_login import current_user
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import FunctionElement
 
 import webapp.jobs
-from webapp.auth import admin_required
+from webapp.admin.common import bp
 from webapp.extensions import db
+from webapp.jobs.queue import JOB_TYPES, enqueue
 from webapp.models import Agent, JobRun, LlmCall
 from webapp.models.runs import JOB_RUN_STATUSES
-from webapp.queue import JOB_TYPES, enqueue
 from webapp.timeutil import utcnow
-
-bp = Blueprint("usage", __name__, url_prefix="/admin")
+from webapp.web.auth import admin_required
 
 WINDOWS = (7, 30, 90)  # days the usage page can show
 DEFAULT_WINDOW = 30
@@ -302,4 +301,4 @@ def _rerun_answer(run: JobRun, text: str, status: int):
     if request.headers.get("HX-Request"):
         return render_template("usage/_rerun.html", run=run, text=text, ok=status == 200), status
     flash(text)
-    return redirect(url_for("usage.jobs"), code=303)
+    return redirect(url_for("admin.jobs"), code=303)

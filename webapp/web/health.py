@@ -19,8 +19,8 @@ from rq import Worker
 from sqlalchemy.engine import make_url
 
 from webapp.extensions import db
-from webapp.queue import redis_connection
-from webapp.schedule import scheduler_alive
+from webapp.jobs.queue import redis_connection
+from webapp.jobs.schedule import scheduler_alive
 from webapp.timeutil import utcnow
 
 bp = Blueprint("health", __name__)

@@ -1,11 +1,11 @@
 """The processes `make run` starts (the Procfile), each kept running by a supervisor, and the embedded services.
 
-    python -m webapp.processes names        # the Procfile entries this configuration needs
-    python -m webapp.processes run NAME     # run web, worker, scheduler, redis or llm under a supervisor
-    python -m webapp.processes ready        # print the URL and the demo login once everything is up
-    python -m webapp.processes llm-server PORT   # the local model's OpenAI-compatible server, quiet
+    python -m webapp.runtime.processes names        # the Procfile entries this configuration needs
+    python -m webapp.runtime.processes run NAME     # run web, worker, scheduler, redis or llm under a supervisor
+    python -m webapp.runtime.processes ready        # print the URL and the demo login once everything is up
+    python -m webapp.runtime.processes llm-server PORT   # the local model's OpenAI-compatible server, quiet
 
-A crash of any one process is restarted with backoff (webapp/supervisor.py) while the others keep running.
+A crash of any one process is restarted with backoff (webapp/runtime/supervisor.py) while the others keep running.
 Ctrl-C leaves nothing behind: honcho SIGTERMs each supervisor, which stops its child; the embedded
 redis-server is stopped last, once the worker and scheduler have let go of it.
 """
@@ -25,7 +25,7 @@ from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from webapp import config
-from webapp.supervisor import Service, Supervisor
+from webapp.runtime.supervisor import Service, Supervisor
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 LLM_START_SECONDS = 120  # loading the model, on a slow machine
@@ -73,7 +73,7 @@ def local_model_path() -> str:
 
 def llm_server_argv(port: int) -> list[str]:
     """The local model's OpenAI-compatible server (tool calls enabled), without llama.cpp's loading log."""
-    return [sys.executable, "-m", "webapp.processes", "llm-server", str(port)]
+    return [sys.executable, "-m", "webapp.runtime.processes", "llm-server", str(port)]
 
 
 def serve_local_model(port: int, model_alias: str = config.LOCAL_MODEL_ID) -> None:

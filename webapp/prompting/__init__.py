@@ -1,11 +1,12 @@
-"""Prompt templates live here as files (Jinja, plain text out); `render` is the one way to fill one in."""
+"""Prompts: templates as files in templates/ (Jinja, plain text out), filled in by `render`; build.py assembles
+the messages of an agent's reply."""
 
 from pathlib import Path
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 _env = Environment(
-    loader=FileSystemLoader(Path(__file__).parent),
+    loader=FileSystemLoader(Path(__file__).parent / "templates"),
     autoescape=False,  # prompts are plain text for a model, not HTML
     undefined=StrictUndefined,  # a missing variable is a bug, not an empty string
     trim_blocks=True,
@@ -15,11 +16,11 @@ _env = Environment(
 
 
 def render(name: str, **variables) -> str:
-    """Fill in the prompt template `name` (a file in this folder) with the given variables."""
+    """Fill in the prompt template `name` (a file in templates/) with the given variables."""
     return _env.get_template(name).render(**variables).strip()
 
 
 def compile_all() -> None:
     """Parse every template now (a worker does it once, before forking a process per job)."""
-    for name in _env.list_templates(filter_func=lambda name: not name.endswith(".py")):
+    for name in _env.list_templates():
         _env.get_template(name)

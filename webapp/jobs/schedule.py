@@ -9,7 +9,7 @@ from datetime import datetime
 from flask import current_app
 from rq_scheduler import Scheduler
 
-from webapp.queue import redis_connection, rq_queue
+from webapp.jobs.queue import redis_connection, rq_queue
 
 # rq-scheduler computes cron times with `crontab` without its default_utc argument, which warns on every
 # computation that a future crontab may change the default. Cairn runs the scheduler on UTC (_use_utc), where

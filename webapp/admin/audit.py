@@ -6,13 +6,12 @@ import sqlalchemy as sa
 from flask import abort, request, url_for
 from flask_login import current_user
 
-from webapp.auth import admin_required
+from webapp.admin.common import answer, bp, page_number, page_of, render_page
+from webapp.admin.entries import LABELS, Entry, build_entries, entry_query
 from webapp.extensions import db
-from webapp.memories import bp
-from webapp.memories.common import answer, page_number, page_of, render_page
-from webapp.memories.entries import LABELS, Entry, build_entries, entry_query
-from webapp.memory_ledger import undo
 from webapp.models import Agent, AuditLog
+from webapp.models.audit import undo
+from webapp.web.auth import admin_required
 
 FILTER_KEYS = ("agent", "action", "session", "since", "until")
 
@@ -86,7 +85,7 @@ def entry_or_404(row_id: int) -> Entry:
 def undo_change(row_id: int):
     """Put a memory back as it was before this change; the undo is recorded as a change of its own."""
     entry = entry_or_404(row_id)
-    fallback = request.referrer or url_for("memories.audit")
+    fallback = request.referrer or url_for("admin.audit")
     try:
         undone = undo(entry.row, user_id=current_user.id, via="admin")
     except ValueError as error:  # UndoConflict, or the memory refusing the old state

@@ -8,15 +8,14 @@ import sqlalchemy as sa
 from flask import abort, url_for
 from flask_login import current_user
 
-from webapp.auth import admin_required, owned_or_404
+from webapp.admin.common import account_audit, answer, bp, page_number, page_of, render_page
+from webapp.admin.entries import Entry, build_entries, entry_query
+from webapp.admin.runs import CLOSING
 from webapp.extensions import db
-from webapp.memories import bp
-from webapp.memories.common import account_audit, answer, page_number, page_of, render_page
-from webapp.memories.entries import Entry, build_entries, entry_query
-from webapp.memories.runs import CLOSING
-from webapp.memory_ledger import UndoConflict, rollback_session
 from webapp.models import Agent, AuditLog, User
+from webapp.models.audit import UndoConflict, rollback_session
 from webapp.timeutil import utcnow
+from webapp.web.auth import admin_required, owned_or_404
 
 START = "memory_refinement_start"
 ROLLED_BACK = "memory_refinement_rolled_back"
@@ -151,7 +150,7 @@ def session(session_id: str):
 def rollback(session_id: str):
     """Undo every memory change of the session, newest first, once; recorded as changes of their own."""
     context = _session_context(session_id)
-    url = url_for("memories.session", session_id=session_id)
+    url = url_for("admin.session", session_id=session_id)
     refusal = context["session"].refusal()
     if refusal:
         return answer("memories/_session.html", 422, url, refusal, **context, error=refusal)

@@ -8,10 +8,10 @@ from wtforms import BooleanField, IntegerField, SelectMultipleField, StringField
 from wtforms.validators import DataRequired, Length, NumberRange, Optional, Regexp, ValidationError
 
 from webapp import llm
-from webapp.auth import admin_required, owned_or_404
 from webapp.extensions import db
 from webapp.models import Agent
 from webapp.tools import REGISTRY
+from webapp.web.auth import admin_required, owned_or_404
 
 bp = Blueprint("agents", __name__, url_prefix="/agents")
 

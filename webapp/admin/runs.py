@@ -1,9 +1,9 @@
 """Run now: refinement, reflection or consolidation of one agent, its status followed live from job_runs.
 
-A click enqueues through webapp.queue (after commit, like every job) and notes the account's newest job_runs
+A click enqueues through webapp.jobs.queue (after commit, like every job) and notes the account's newest job_runs
 id. A run of this kind for this agent's target with a higher id is the one the click started: "queued" until
 its row appears, then its status. Ids, not clocks, so a worker on a host with a skewed clock cannot confuse it,
-and webapp.queue needs no RQ job ids.
+and webapp.jobs.queue needs no RQ job ids.
 """
 
 from dataclasses import dataclass, field
@@ -13,15 +13,14 @@ import sqlalchemy as sa
 from flask import abort, render_template, request, url_for
 from flask_login import current_user
 
-from webapp.auth import admin_required, owned_or_404
+from webapp.admin.common import account_audit, answer, bp
 from webapp.extensions import db
 from webapp.jobs.consolidation import consolidate_chat
+from webapp.jobs.queue import enqueue, waiting_run
 from webapp.jobs.refinement import CLOSING, refine_agent
 from webapp.jobs.reflection import reflect_agent
-from webapp.memories import bp
-from webapp.memories.common import account_audit, answer
 from webapp.models import Agent, AuditLog, Chat, ChatAgent, JobRun
-from webapp.queue import enqueue, waiting_run
+from webapp.web.auth import admin_required, owned_or_404
 
 KINDS = {"refine": "Refine now", "reflect": "Reflect now", "consolidate": "Consolidate now"}
 
@@ -146,7 +145,7 @@ def run_now(agent_id: int, kind: str):
             progress.after = min(progress.after, waiting_since - 1)
         db.session.commit()
     flash_text = progress.message or f"{KINDS[kind].removesuffix(' now')} queued."
-    url = url_for("memories.ledger", agent_id=agent.id)
+    url = url_for("admin.ledger", agent_id=agent.id)
     return answer(
         "memories/_run.html", 422 if progress.message else 200, url, flash_text, **_view(agent, progress)
     )

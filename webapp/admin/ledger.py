@@ -16,18 +16,17 @@ from sqlalchemy.orm import aliased
 from wtforms import BooleanField, SelectField, TextAreaField
 from wtforms.validators import DataRequired, Length
 
-from webapp import schedule, search
-from webapp.auth import admin_required, owned_or_404
+from webapp.admin.common import answer, bp, memory_or_404, page_number, page_of, render_page
+from webapp.admin.provenance import origins_for
+from webapp.admin.runs import KINDS
 from webapp.extensions import db
-from webapp.memories import bp
-from webapp.memories.common import answer, memory_or_404, page_number, page_of, render_page
-from webapp.memories.provenance import origins_for
-from webapp.memories.runs import KINDS
-from webapp.memory_ledger import record_change
-from webapp.models import Agent, AgentMemory
+from webapp.jobs import schedule
+from webapp.models import Agent, AgentMemory, search
+from webapp.models.audit import record_change
 from webapp.models.memories import JOURNAL_WINDOW, MAX_CONTENT_CHARS, active_memories, like_pattern
-from webapp.search import Match
+from webapp.models.search import Match
 from webapp.timeutil import utcnow
+from webapp.web.auth import admin_required, owned_or_404
 
 log = logging.getLogger(__name__)
 
@@ -291,7 +290,7 @@ def _change(memory: AgentMemory, action: str, apply: Callable[[], None], done: s
 
 
 def _ledger_url(memory: AgentMemory) -> str:
-    return url_for("memories.ledger", agent_id=memory.agent_id)
+    return url_for("admin.ledger", agent_id=memory.agent_id)
 
 
 def _changed(memory: AgentMemory, done: str, **extra: Any):

@@ -13,10 +13,10 @@ import sqlalchemy as sa
 from flask import abort, render_template
 from flask_login import current_user
 
-from webapp.auth import admin_required
+from webapp.admin.common import bp
 from webapp.extensions import db
-from webapp.memories import bp
 from webapp.models import AgentMemory, AuditLog, Chat, Message, ReplySources, User
+from webapp.web.auth import admin_required
 
 CREATING = ("memory_create", "memory_refinement_consolidate_create")
 PROMOTING = "memory_promote"

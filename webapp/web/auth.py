@@ -11,10 +11,10 @@ from flask_wtf import FlaskForm
 from wtforms import EmailField, PasswordField
 from wtforms.validators import DataRequired, EqualTo, InputRequired, Length, ValidationError
 
-from webapp import guards
 from webapp.extensions import DATABASE_ID_MAX, db, limiter, login_manager
 from webapp.models import User
 from webapp.models.accounts import password_problem
+from webapp.web import guards
 
 bp = Blueprint("auth", __name__)
 
