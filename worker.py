@@ -11,17 +11,20 @@ import signal
 import sys
 import threading
 import time
+from types import FrameType
 
 import sqlalchemy as sa
 from flask import Flask
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from redis import Redis
+from redis.client import Pipeline
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from rq import Worker
+from rq import Queue, Worker
+from rq.executions import Execution
+from rq.job import Job
 
-from webapp import config, create_app, jobs, tokens
-from webapp import prompting as prompts
+from webapp import config, create_app, jobs, prompting, tokens
 from webapp.extensions import db
 from webapp.jobs.queue import redis_connection, sweep_forever, wait_for_redis, worker_queues
 from webapp.web.health import WORKER_TTL_SECONDS
@@ -37,7 +40,7 @@ class AppWorker(Worker):
     max_connection_wait_time = 5.0  # RQ's dequeue backoff cap: back within seconds of Redis returning
     stopping = False
 
-    def perform_job(self, job, queue, execution):
+    def perform_job(self, job: Job, queue: Queue, execution: Execution) -> bool:
         with self.app.app_context():
             db.engine.dispose(close=False)  # the parent's pooled connections belong to its sweep thread
             try:
@@ -45,11 +48,11 @@ class AppWorker(Worker):
             finally:
                 db.session.remove()
 
-    def request_stop(self, signum, frame):
+    def request_stop(self, signum: int, frame: FrameType | None) -> None:
         self.stopping = True
         super().request_stop(signum, frame)
 
-    def heartbeat(self, timeout=None, pipeline=None):
+    def heartbeat(self, timeout: int | None = None, pipeline: Pipeline | None = None) -> None:
         if pipeline is None and not self.connection.exists(self.key):
             self.register_birth()  # Redis restarted without its data: be counted as a live worker again
         super().heartbeat(timeout, pipeline)
@@ -75,7 +78,7 @@ def preload(app: Flask) -> None:
     sweep thread's database connections are dropped, unclosed, by each work horse)."""
     tokens.encoder()
     jobs.load_all()
-    prompts.compile_all()
+    prompting.compile_all()
     _ = app.extensions["llm_client"].chat.completions  # the openai SDK imports its resources on first use
     for response_type in (ChatCompletion, ChatCompletionChunk):  # pydantic builds validators on first use
         response_type.model_rebuild(force=True)

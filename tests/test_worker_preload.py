@@ -4,8 +4,7 @@ finds the tokenizer, the job functions and the prompt templates already in memor
 import os
 
 import worker
-from webapp import prompting as prompts
-from webapp import tokens
+from webapp import prompting, tokens
 from webapp.jobs.queue import JOB_TYPES
 
 
@@ -20,4 +19,4 @@ def test_preload_leaves_nothing_expensive_for_the_work_horse(app):
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert {"reply", "consolidate", "summarize"} <= set(JOB_TYPES)
-    assert len(prompts._env.cache) >= 5  # every prompt template parsed
+    assert len(prompting._env.cache) >= 5  # every prompt template parsed

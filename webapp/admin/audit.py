@@ -4,6 +4,7 @@ from datetime import date, datetime, time, timedelta
 
 import sqlalchemy as sa
 from flask import abort, request, url_for
+from flask.typing import ResponseReturnValue
 from flask_login import current_user
 
 from webapp.admin.common import answer, bp, page_number, page_of, render_page
@@ -62,7 +63,7 @@ def _account_agents() -> list[Agent]:
 
 @bp.get("/audit")
 @admin_required
-def audit():
+def audit() -> ResponseReturnValue:
     """Every change to the account's memories, newest first, by whom, with before and after as a diff."""
     filters, page = _filters(), page_number()
     results, has_more = page_of(_filtered(filters), page)
@@ -82,7 +83,7 @@ def entry_or_404(row_id: int) -> Entry:
 
 @bp.post("/audit/<int:row_id>/undo")
 @admin_required
-def undo_change(row_id: int):
+def undo_change(row_id: int) -> ResponseReturnValue:
     """Put a memory back as it was before this change; the undo is recorded as a change of its own."""
     entry = entry_or_404(row_id)
     fallback = request.referrer or url_for("admin.audit")

@@ -4,6 +4,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from flask import Blueprint, Response, abort, flash, redirect, render_template, request
+from flask.typing import ResponseReturnValue
 from flask_login import current_user
 
 from webapp.extensions import db
@@ -51,7 +52,9 @@ def page_of(query: sa.Select, page: int, per_page: int = PER_PAGE) -> tuple[list
     return rows[:per_page], len(found) > per_page
 
 
-def answer(fragment: str, status: int, fallback_url: str, flash_text: str | None, **context: Any):
+def answer(
+    fragment: str, status: int, fallback_url: str, flash_text: str | None, **context: Any
+) -> ResponseReturnValue:
     """A fragment for HTMX; a plain form post is sent back to the page with a flash instead."""
     if request.headers.get("HX-Request"):
         return render_template(fragment, **context), status

@@ -9,6 +9,7 @@ from typing import Any
 import sqlalchemy as sa
 from crontab import CronTab
 from flask import render_template, request, url_for
+from flask.typing import ResponseReturnValue
 from flask_login import current_user
 from flask_wtf import FlaskForm
 from redis.exceptions import RedisError
@@ -165,7 +166,7 @@ def _full_context(agent: Agent, form: AddForm) -> dict[str, Any]:
 
 @bp.get("/agents/<int:agent_id>/memories")
 @admin_required
-def ledger(agent_id: int):
+def ledger(agent_id: int) -> ResponseReturnValue:
     """An agent's memories (core and journal) with filters, search and pages; its core budget and runs."""
     agent = owned_or_404(Agent, agent_id)
     if request.headers.get("HX-Target") == "memory-ledger":
@@ -177,7 +178,7 @@ def ledger(agent_id: int):
 
 @bp.post("/agents/<int:agent_id>/memories")
 @admin_required
-def create(agent_id: int):
+def create(agent_id: int) -> ResponseReturnValue:
     """Add a memory by hand."""
     agent = owned_or_404(Agent, agent_id)
     form = AddForm()
@@ -201,7 +202,7 @@ def _add_form_error(agent: Agent, form: AddForm):
 
 @bp.get("/memories/<int:memory_id>")
 @admin_required
-def memory(memory_id: int):
+def memory(memory_id: int) -> ResponseReturnValue:
     """One memory's row (what Cancel brings back)."""
     found = memory_or_404(memory_id)
     return render_template("memories/_memory.html", memory=found, now=utcnow(), origins=origins_for([found]))
@@ -213,7 +214,7 @@ def _edit_form(memory: AgentMemory, **kwargs: Any) -> EditForm:
 
 @bp.get("/memories/<int:memory_id>/edit")
 @admin_required
-def edit(memory_id: int):
+def edit(memory_id: int) -> ResponseReturnValue:
     """A memory's row as a form, to edit it in place."""
     memory = memory_or_404(memory_id)
     if memory.is_deleted:
@@ -224,7 +225,7 @@ def edit(memory_id: int):
 
 @bp.post("/memories/<int:memory_id>")
 @admin_required
-def update(memory_id: int):
+def update(memory_id: int) -> ResponseReturnValue:
     """Save an edit of a memory's text or type."""
     memory = memory_or_404(memory_id)
     if memory.is_deleted:
@@ -242,7 +243,7 @@ def update(memory_id: int):
 
 @bp.post("/memories/<int:memory_id>/constitutional")
 @admin_required
-def toggle_constitutional(memory_id: int):
+def toggle_constitutional(memory_id: int) -> ResponseReturnValue:
     """Make a memory constitutional (it can never be deleted), or ordinary again."""
     memory = memory_or_404(memory_id)
     if memory.is_deleted:
@@ -257,7 +258,7 @@ def toggle_constitutional(memory_id: int):
 
 @bp.post("/memories/<int:memory_id>/delete")
 @admin_required
-def delete(memory_id: int):
+def delete(memory_id: int) -> ResponseReturnValue:
     """Soft-delete a memory (a constitutional one is refused)."""
     memory = memory_or_404(memory_id)
     if memory.is_deleted:
@@ -267,7 +268,7 @@ def delete(memory_id: int):
 
 @bp.post("/memories/<int:memory_id>/restore")
 @admin_required
-def restore(memory_id: int):
+def restore(memory_id: int) -> ResponseReturnValue:
     """Bring a soft-deleted memory back."""
     memory = memory_or_404(memory_id)
     if not memory.is_deleted:

@@ -11,6 +11,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from flask import abort, render_template
+from flask.typing import ResponseReturnValue
 from flask_login import current_user
 
 from webapp.admin.common import bp
@@ -72,7 +73,7 @@ def _chats(ids: set[int]) -> dict[int, Chat]:
 
 @bp.get("/replies/<int:message_id>/sources")
 @admin_required
-def reply_sources(message_id: int):
+def reply_sources(message_id: int) -> ResponseReturnValue:
     """What one reply's prompt held: its memories (deleted ones too, marked) and the conversations it used."""
     sources = db.session.scalar(
         sa.select(ReplySources)

@@ -11,6 +11,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from flask import abort, render_template, request, url_for
+from flask.typing import ResponseReturnValue
 from flask_login import current_user
 
 from webapp.admin.common import account_audit, answer, bp
@@ -129,7 +130,7 @@ def _kind_or_404(kind: str) -> str:
 
 @bp.post("/agents/<int:agent_id>/run/<kind>")
 @admin_required
-def run_now(agent_id: int, kind: str):
+def run_now(agent_id: int, kind: str) -> ResponseReturnValue:
     """Enqueue refinement (forced), reflection, or consolidation of the agent's group chats, now."""
     agent, kind = owned_or_404(Agent, agent_id), _kind_or_404(kind)
     newest = sa.func.coalesce(sa.func.max(JobRun.id), 0)
@@ -153,7 +154,7 @@ def run_now(agent_id: int, kind: str):
 
 @bp.get("/agents/<int:agent_id>/run/<kind>")
 @admin_required
-def run_status(agent_id: int, kind: str):
+def run_status(agent_id: int, kind: str) -> ResponseReturnValue:
     """The live status of the runs a click started (the page polls it every 2 s until they finish)."""
     agent, kind = owned_or_404(Agent, agent_id), _kind_or_404(kind)
     progress = _progress(kind, agent, request.args.get("after", 0, type=int))

@@ -6,6 +6,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from flask import abort, url_for
+from flask.typing import ResponseReturnValue
 from flask_login import current_user
 
 from webapp.admin.common import account_audit, answer, bp, page_number, page_of, render_page
@@ -98,7 +99,7 @@ def _closings(session_ids: list[str]) -> dict[str, list[tuple[AuditLog, str | No
 
 @bp.get("/agents/<int:agent_id>/sessions")
 @admin_required
-def sessions(agent_id: int):
+def sessions(agent_id: int) -> ResponseReturnValue:
     """The agent's refinement sessions, newest first: date, status, stats and core tokens before and after."""
     agent = owned_or_404(Agent, agent_id)
     page = page_number()
@@ -139,7 +140,7 @@ def _session_context(session_id: str) -> dict[str, Any]:
 
 @bp.get("/sessions/<session_id>")
 @admin_required
-def session(session_id: str):
+def session(session_id: str) -> ResponseReturnValue:
     """One refinement session: its figures and every operation it made, with "Roll back this session"."""
     context = _session_context(session_id)
     return render_page("memories/session.html", "memories/_session.html", "session", **context)
@@ -147,7 +148,7 @@ def session(session_id: str):
 
 @bp.post("/sessions/<session_id>/rollback")
 @admin_required
-def rollback(session_id: str):
+def rollback(session_id: str) -> ResponseReturnValue:
     """Undo every memory change of the session, newest first, once; recorded as changes of their own."""
     context = _session_context(session_id)
     url = url_for("admin.session", session_id=session_id)

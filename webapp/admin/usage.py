@@ -9,6 +9,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from flask import Response, abort, current_app, flash, redirect, render_template, request, url_for
+from flask.typing import ResponseReturnValue
 from flask_login import current_user
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import FunctionElement
@@ -220,7 +221,7 @@ def _page(template: str, fragment: str, target: str, **context: Any) -> Response
 
 @bp.get("/usage")
 @admin_required
-def index():
+def index() -> ResponseReturnValue:
     """Tokens in and out (and dollars, for models with a price) by day, agent, purpose and model."""
     days = request.args.get("days", DEFAULT_WINDOW, type=int)
     report = _report(days if days in WINDOWS else DEFAULT_WINDOW)
@@ -262,7 +263,7 @@ def _job_types() -> list[str]:
 
 @bp.get("/jobs")
 @admin_required
-def jobs():
+def jobs() -> ResponseReturnValue:
     """Recent background job runs with status, duration, tokens and errors; filterable, newest first."""
     filters = _job_filters()
     page = max(request.args.get("page", 1, type=int), 1)
@@ -280,7 +281,7 @@ def jobs():
 
 @bp.post("/jobs/<int:run_id>/rerun")
 @admin_required
-def rerun(run_id: int):
+def rerun(run_id: int) -> ResponseReturnValue:
     """Enqueue a failed run's job again with the same arguments; it is recorded as a new run."""
     run = db.session.scalar(_visible_runs().where(JobRun.id == run_id))
     if run is None:

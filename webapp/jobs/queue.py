@@ -241,7 +241,7 @@ def recorded_job(
     unique: str | None = None,
     resume: bool = True,
     on_interrupt: Callable[[JobRun, bool], None] | None = None,
-):
+) -> Callable[[Callable[..., dict | None]], Callable[..., dict | None]]:
     """Record each execution of the decorated job in job_runs and hold its target's lock while it runs.
 
     `target` and `account` compute, from the job's arguments, a label for what it works on and the account

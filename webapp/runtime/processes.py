@@ -18,6 +18,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 from dotenv import load_dotenv
@@ -94,7 +95,12 @@ def serve_local_model(port: int, model_alias: str = config.LOCAL_MODEL_ID) -> No
     uvicorn.run(app, host=server.host, port=server.port, log_level="warning", access_log=False)
 
 
-def llm_self_test(base_url: str, child: subprocess.Popen, stopping, start_seconds: float = LLM_START_SECONDS):
+def llm_self_test(
+    base_url: str,
+    child: subprocess.Popen,
+    stopping: Callable[[], bool],
+    start_seconds: float = LLM_START_SECONDS,
+) -> str | None:
     """One real multi-token chat completion; None when it works, else what failed and what to do."""
     deadline = time.monotonic() + start_seconds
     while not _answers(f"{base_url}/models"):

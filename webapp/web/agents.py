@@ -2,6 +2,7 @@
 
 import sqlalchemy as sa
 from flask import Blueprint, current_app, flash, redirect, render_template, url_for
+from flask.typing import ResponseReturnValue
 from flask_login import current_user
 from flask_wtf import FlaskForm
 from wtforms import BooleanField, IntegerField, SelectMultipleField, StringField, TextAreaField, widgets
@@ -68,7 +69,7 @@ class AgentForm(FlaskForm):
 
 @bp.get("/")
 @admin_required
-def index():
+def index() -> ResponseReturnValue:
     """Every agent of the account."""
     agents = db.session.scalars(
         sa.select(Agent).where(Agent.account_id == current_user.account_id).order_by(Agent.name)
@@ -78,7 +79,7 @@ def index():
 
 @bp.route("/new", methods=["GET", "POST"])
 @admin_required
-def new():
+def new() -> ResponseReturnValue:
     """Create an agent."""
     defaults = {
         "model_id": current_app.config["DEFAULT_MODEL_ID"],
@@ -102,7 +103,7 @@ def _form_page(form: AgentForm, agent: Agent | None):
 
 @bp.route("/<int:agent_id>/edit", methods=["GET", "POST"])
 @admin_required
-def edit(agent_id: int):
+def edit(agent_id: int) -> ResponseReturnValue:
     """Edit an agent."""
     agent = owned_or_404(Agent, agent_id)
     form = AgentForm(agent=agent)

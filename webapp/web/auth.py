@@ -1,10 +1,13 @@
 """Sign-in and the access rules every view uses: signed in, within the user's account, admin where needed."""
 
 import functools
+from collections.abc import Callable
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 import sqlalchemy as sa
 from flask import Blueprint, Response, abort, current_app, flash, redirect, render_template, request, url_for
+from flask.typing import ResponseReturnValue
 from flask_limiter import RateLimitExceeded
 from flask_login import current_user, login_required, login_user, logout_user
 from flask_wtf import FlaskForm
@@ -15,6 +18,8 @@ from webapp.extensions import DATABASE_ID_MAX, db, limiter, login_manager
 from webapp.models import User
 from webapp.models.accounts import password_problem
 from webapp.web import guards
+
+M = TypeVar("M", bound=db.Model)
 
 bp = Blueprint("auth", __name__)
 
@@ -72,7 +77,7 @@ class PasswordForm(FlaskForm):
     methods=["POST"], deduct_when=_failed_sign_in, scope="login-address",
     error_message="Too many failed sign-in attempts.",
 )  # fmt: skip
-def login():
+def login() -> ResponseReturnValue:
     """Sign in with email and password."""
     form = LoginForm()
     if form.validate_on_submit():
@@ -96,7 +101,7 @@ def _too_many_attempts(error: RateLimitExceeded):
 
 @bp.post("/logout")
 @login_required
-def logout():
+def logout() -> ResponseReturnValue:
     """Sign out: this sign-in ends server-side, so no copy of its cookies opens a page again."""
     current_user.end_session()
     db.session.commit()
@@ -107,7 +112,7 @@ def logout():
 
 @bp.route("/account/password", methods=["GET", "POST"])
 @login_required
-def password():
+def password() -> ResponseReturnValue:
     """Change one's own password; every other sign-in of the user ends, and this one starts afresh."""
     form = PasswordForm()
     if form.validate_on_submit():
@@ -136,7 +141,7 @@ def _safe_next(target: str | None) -> str:
     return url_for("chats.index")
 
 
-def admin_required(view):
+def admin_required(view: Callable[..., ResponseReturnValue]) -> Callable[..., ResponseReturnValue]:
     """Admins manage agents and memory; members get a 403."""
 
     @functools.wraps(view)
@@ -149,7 +154,7 @@ def admin_required(view):
     return wrapped
 
 
-def owned_or_404(model, object_id: int):
+def owned_or_404(model: type[M], object_id: int) -> M:
     """The row of `model` with this id in the signed-in user's account; anything else is a 404."""
     if not 0 < object_id <= DATABASE_ID_MAX:
         abort(404)

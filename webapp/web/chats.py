@@ -16,6 +16,7 @@ from flask import (
     stream_with_context,
     url_for,
 )
+from flask.typing import ResponseReturnValue
 from flask_login import current_user, login_required
 from flask_wtf import FlaskForm
 from sqlalchemy.orm import joinedload, selectinload
@@ -120,7 +121,7 @@ def _account_agents() -> list[Agent]:
 
 @bp.get("/")
 @login_required
-def index():
+def index() -> ResponseReturnValue:
     """The account's chats, most recently active first (or the discarded ones)."""
     discarded = request.args.get("discarded") == "1"
     rows = _chat_rows(discarded)
@@ -133,7 +134,7 @@ def index():
 
 @bp.route("/new", methods=["GET", "POST"])
 @login_required
-def new():
+def new() -> ResponseReturnValue:
     """Start a chat with one agent (it answers every message) or several (they answer when asked)."""
     form = ChatForm()
     form.agent_ids.choices = [(a.id, a.name) for a in _account_agents()]
@@ -173,7 +174,7 @@ def _page_of_messages(chat: Chat, before: int | None) -> tuple[list[Message], bo
 
 @bp.get("/<int:chat_id>")
 @login_required
-def show(chat_id: int):
+def show(chat_id: int) -> ResponseReturnValue:
     """The chat page: the latest messages, the composer, the trigger bar and the agents' other conversations."""
     chat = owned_or_404(Chat, chat_id)
     target = request.headers.get("HX-Target")
@@ -240,7 +241,7 @@ def ago(moment: datetime) -> str:
 
 @bp.get("/<int:chat_id>/messages")
 @login_required
-def older(chat_id: int):
+def older(chat_id: int) -> ResponseReturnValue:
     """The page of messages before ?before=ID, for "Load older messages"."""
     chat = owned_or_404(Chat, chat_id)
     messages, has_older = _page_of_messages(chat, request.args.get("before", type=int))
@@ -251,7 +252,7 @@ def older(chat_id: int):
 
 @bp.get("/<int:chat_id>/messages/<int:message_id>")
 @login_required
-def message(chat_id: int, message_id: int):
+def message(chat_id: int, message_id: int) -> ResponseReturnValue:
     """One message; with ?if_finished=1 a 204 while the reply is still being generated."""
     chat = owned_or_404(Chat, chat_id)
     found = _message_in(chat, message_id)
@@ -270,7 +271,7 @@ def _message_in(chat: Chat, message_id: int) -> Message:
 @bp.post("/<int:chat_id>/messages")
 @login_required
 @replies_limit
-def send(chat_id: int):
+def send(chat_id: int) -> ResponseReturnValue:
     """Post a message; the single agent of a one-to-one chat, each @mentioned agent, and the agent of the Ask
     button pressed (ask=ID or ask=all) are asked to reply. Ask with an empty draft only asks."""
     chat = _open_chat(chat_id)
@@ -340,7 +341,7 @@ def _composer_error(chat: Chat, form: MessageForm):
 @bp.post("/<int:chat_id>/trigger")
 @login_required
 @replies_limit
-def trigger(chat_id: int):
+def trigger(chat_id: int) -> ResponseReturnValue:
     """Ask one agent of the chat (agent_id=ID) or all of them one after another (agent_id=all) to reply."""
     return _ask(_open_chat(chat_id), request.form.get("agent_id", ""))
 
@@ -354,7 +355,7 @@ def _notice(text: str, status: int):
 @bp.post("/<int:chat_id>/messages/<int:message_id>/retry")
 @login_required
 @replies_limit
-def retry(chat_id: int, message_id: int):
+def retry(chat_id: int, message_id: int) -> ResponseReturnValue:
     """Queue a failed (or stuck) reply again."""
     chat = _open_chat(chat_id)
     found = _message_in(chat, message_id)
@@ -372,7 +373,7 @@ def _latest_id(chat: Chat) -> int | None:
 
 @bp.post("/<int:chat_id>/messages/<int:message_id>/stop")
 @login_required
-def stop(chat_id: int, message_id: int):
+def stop(chat_id: int, message_id: int) -> ResponseReturnValue:
     """Stop a reply being generated (it keeps what it wrote) or waiting for its turn."""
     chat = _open_chat(chat_id)
     found = _message_in(chat, message_id)
@@ -386,7 +387,7 @@ def stop(chat_id: int, message_id: int):
 @bp.post("/<int:chat_id>/messages/<int:message_id>/regenerate")
 @login_required
 @replies_limit
-def regenerate(chat_id: int, message_id: int):
+def regenerate(chat_id: int, message_id: int) -> ResponseReturnValue:
     """Generate the chat's last reply again, in place."""
     chat = _open_chat(chat_id)
     found = _message_in(chat, message_id)
@@ -414,7 +415,7 @@ def _editable(chat: Chat, message_id: int) -> Message:
 
 @bp.route("/<int:chat_id>/messages/<int:message_id>/edit", methods=["GET", "POST"])
 @login_required
-def edit_message(chat_id: int, message_id: int):
+def edit_message(chat_id: int, message_id: int) -> ResponseReturnValue:
     """Edit your last message and send it again: its replies are replaced by new ones."""
     chat = _open_chat(chat_id)
     found = _editable(chat, message_id)
@@ -451,7 +452,7 @@ def edit_message(chat_id: int, message_id: int):
 
 @bp.get("/<int:chat_id>/agents/<int:agent_id>/memory")
 @login_required
-def agent_memory(chat_id: int, agent_id: int):
+def agent_memory(chat_id: int, agent_id: int) -> ResponseReturnValue:
     """What an agent of this chat remembers, read-only: exactly the memories its next prompt holds (core
     memories and the journal of the last 7 days). Admins get a link to the ledger to change them."""
     chat = owned_or_404(Chat, chat_id)
@@ -466,7 +467,7 @@ def agent_memory(chat_id: int, agent_id: int):
 
 @bp.post("/<int:chat_id>/rename")
 @login_required
-def rename(chat_id: int):
+def rename(chat_id: int) -> ResponseReturnValue:
     """Rename the chat in place."""
     chat = owned_or_404(Chat, chat_id)
     title = request.form.get("title", "").strip()
@@ -479,7 +480,7 @@ def rename(chat_id: int):
 
 @bp.post("/<int:chat_id>/agents")
 @login_required
-def add_agent(chat_id: int):
+def add_agent(chat_id: int) -> ResponseReturnValue:
     """Add an agent of the account to the chat; it becomes a group chat and a notice says who joined."""
     chat = _open_chat(chat_id)
     agent = owned_or_404(Agent, request.form.get("agent_id", type=int) or 0)
@@ -494,7 +495,7 @@ def add_agent(chat_id: int):
 
 @bp.route("/<int:chat_id>/memory-doc", methods=["GET", "POST"])
 @login_required
-def memory_doc(chat_id: int):
+def memory_doc(chat_id: int) -> ResponseReturnValue:
     """The chat's conversation summary (spec 004): read it; admins edit it, and each edit is audited."""
     chat = owned_or_404(Chat, chat_id)
     if request.method == "GET":
@@ -517,7 +518,7 @@ def memory_doc(chat_id: int):
 
 @bp.post("/<int:chat_id>/discard")
 @login_required
-def discard(chat_id: int):
+def discard(chat_id: int) -> ResponseReturnValue:
     """Discard the chat (it can be restored)."""
     chat = owned_or_404(Chat, chat_id)
     chat.discarded_at = utcnow()
@@ -527,7 +528,7 @@ def discard(chat_id: int):
 
 @bp.post("/<int:chat_id>/restore")
 @login_required
-def restore(chat_id: int):
+def restore(chat_id: int) -> ResponseReturnValue:
     """Bring a discarded chat back."""
     chat = owned_or_404(Chat, chat_id)
     chat.discarded_at = None
@@ -544,7 +545,7 @@ def _open_chat(chat_id: int) -> Chat:
 
 @bp.get("/<int:chat_id>/stream")
 @login_required
-def stream(chat_id: int):
+def stream(chat_id: int) -> ResponseReturnValue:
     """Server-Sent Events for this chat: reply text as it streams, then each finished message."""
     chat = owned_or_404(Chat, chat_id)
     seconds = max(1.0, min(request.args.get("seconds", STREAM_SECONDS, type=float), STREAM_SECONDS))

@@ -13,6 +13,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import sqlalchemy as sa
 from flask import Blueprint, current_app, jsonify, render_template
+from flask.typing import ResponseReturnValue
 from flask_login import current_user
 from redis.exceptions import RedisError
 from rq import Worker
@@ -168,7 +169,7 @@ def _service_status():
 
 
 @bp.get("/healthz")
-def healthz():
+def healthz() -> ResponseReturnValue:
     """200 when every component is up, 503 otherwise; each component's detail only for signed-in admins."""
     checks = {"database": check_database(), **report()}
     ok = all(c.ok for c in checks.values())
@@ -179,6 +180,6 @@ def healthz():
 
 
 @bp.get("/service-status")
-def service_status():
+def service_status() -> ResponseReturnValue:
     """The banner alone, which every page refreshes."""
     return render_template("_service_status.html")
