@@ -1,4 +1,5 @@
-from webapp import config, create_app
+from webapp import config
+from webapp.factory import create_app
 
 try:
     app = create_app()

@@ -24,8 +24,9 @@ from rq import Queue, Worker
 from rq.executions import Execution
 from rq.job import Job
 
-from webapp import config, create_app, jobs, prompting, tokens
+from webapp import config, jobs, prompting, tokens
 from webapp.extensions import db
+from webapp.factory import create_app
 from webapp.jobs.queue import redis_connection, sweep_forever, wait_for_redis, worker_queues
 from webapp.web.health import WORKER_TTL_SECONDS
 

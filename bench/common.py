@@ -13,8 +13,8 @@ from flask_migrate import upgrade
 from rq import Queue
 
 from tests.querycount import count_queries
-from webapp import create_app
 from webapp.extensions import db
+from webapp.factory import create_app
 
 
 @contextlib.contextmanager

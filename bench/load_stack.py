@@ -24,8 +24,8 @@ from redis import Redis
 
 from tests.conftest import free_port
 from tests.fake_llm import FakeLLM
-from webapp import create_app
 from webapp.extensions import db
+from webapp.factory import create_app
 from webapp.models import Account, Agent, Chat, ChatAgent, User
 from webapp.runtime.processes import redis_server_argv
 

@@ -13,7 +13,7 @@ from bench.common import bench_app, measure
 from tests import factories
 from webapp.extensions import db
 from webapp.models import AgentMemory
-from webapp.models.memories import core_memories
+from webapp.models.memories import core_memories, core_token_usage
 from webapp.prompting import render
 from webapp.timeutil import utcnow
 
@@ -41,7 +41,7 @@ def _refinement_prompt(agent) -> str:
     """The refinement prompt exactly as refine_agent builds it (its ledger, usage and budget)."""
     db.session.expire_all()
     memories = db.session.scalars(core_memories(agent.id)).all()
-    usage = agent.core_token_usage()
+    usage = core_token_usage(agent.id)
     return render(
         "refinement.txt",
         memories=memories,

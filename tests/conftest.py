@@ -17,8 +17,8 @@ from redis import Redis
 from rq import Queue, Worker
 
 from tests.fake_llm import FakeLLM
-from webapp import create_app
 from webapp.extensions import db, limiter
+from webapp.factory import create_app
 from webapp.jobs.queue import redis_connection
 from webapp.runtime.processes import redis_server_argv
 

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from tests.test_cli import flask
-from webapp import config, create_app
+from webapp import config
+from webapp.factory import create_app
 from webapp.runtime.processes import procfile_names
 
 VARIABLES = ("DATABASE_URL", "REDIS_URL", "LLM_BASE_URL", "LLM_API_KEY", "SECRET_KEY", "MODEL_PRICES")

@@ -9,8 +9,8 @@ from redis import Redis
 
 from tests import factories
 from tests.conftest import _settings
-from webapp import create_app
 from webapp.extensions import db
+from webapp.factory import create_app
 from webapp.models import Message
 
 HTMX = {"HX-Request": "true"}

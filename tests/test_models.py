@@ -5,7 +5,7 @@ import sqlalchemy as sa
 
 from webapp.extensions import db
 from webapp.models import Account, Agent, AgentMemory, Chat, ChatAgent
-from webapp.models.memories import content_hash_of
+from webapp.models.memories import content_hash_of, core_token_usage, needs_refinement
 from webapp.tokens import count_tokens
 
 
@@ -100,8 +100,8 @@ def test_core_token_usage_counts_only_active_core_memories(agent):
     )
     db.session.commit()
 
-    assert agent.core_token_usage() == kept.token_estimate
+    assert core_token_usage(agent.id) == kept.token_estimate
     agent.core_token_budget = kept.token_estimate
-    assert not agent.needs_refinement()
+    assert not needs_refinement(agent)
     agent.core_token_budget = kept.token_estimate - 1
-    assert agent.needs_refinement()
+    assert needs_refinement(agent)

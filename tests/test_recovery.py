@@ -16,8 +16,8 @@ from redis import Redis
 
 from tests import factories
 from tests.conftest import _database_for_test, _in_context, _settings, wait_for, worker_env
-from webapp import create_app
 from webapp.extensions import db
+from webapp.factory import create_app
 from webapp.jobs.consolidation import consolidate_chat
 from webapp.jobs.queue import enqueue
 from webapp.jobs.refinement import refine_agent

@@ -12,7 +12,7 @@ from webapp.jobs.queue import rq_queue
 from webapp.jobs.refinement import agents_due_query, refine_agent, refine_due, trigger_if_over_budget
 from webapp.models import AgentMemory, AuditLog, JobRun
 from webapp.models.audit import UndoConflict, dedup_for_agent, rollback_session, undo
-from webapp.models.memories import ConstitutionalMemoryError, active_memories, like_pattern
+from webapp.models.memories import ConstitutionalMemoryError, active_memories, core_token_usage, like_pattern
 from webapp.prompting.build import build_messages
 from webapp.timeutil import utcnow
 from webapp.tools.refinement import RefinementSession
@@ -27,7 +27,7 @@ def _session(agent, **limits) -> RefinementSession:
     return RefinementSession(
         agent=agent,
         session_id="s-1",
-        start_tokens=agent.core_token_usage(),
+        start_tokens=core_token_usage(agent.id),
         max_mutations=limits.get("max_mutations", 10),
         floor=limits.get("floor", 0.5),
         page_tokens=limits.get("page_tokens", 4000),
@@ -106,7 +106,7 @@ def test_deleted_memories_do_not_count_toward_core_usage(agent):
     factories.memory(agent, "four five six seven").soft_delete()
     db.session.commit()
 
-    assert agent.core_token_usage() == kept.token_estimate
+    assert core_token_usage(agent.id) == kept.token_estimate
 
 
 def test_dedup_keeps_the_oldest_and_audits_the_rest(agent):

@@ -16,6 +16,7 @@ from webapp.jobs.replies import request_replies, respond
 from webapp.jobs.summaries import clean_summary, summarize
 from webapp.llm import LLMError
 from webapp.models import ChatAgent, JobRun, LlmCall
+from webapp.models.chats import other_conversation_summaries
 from webapp.timeutil import utcnow
 
 NOW = "2026-11-21 12:00:00Z"
@@ -99,7 +100,7 @@ def test_clear_borrowed_context_keeps_context_staged_since(admin, ada):
     assert _membership(chat, ada).borrowed_context_json == newer
 
 
-# Agent.other_conversation_summaries
+# other_conversation_summaries
 
 
 @time_machine.travel(NOW, tick=False)
@@ -114,7 +115,7 @@ def test_other_conversation_summaries_lists_the_other_active_chats_newest_first(
     newer.last_message_at = utcnow() - timedelta(hours=1)
     db.session.commit()
 
-    rows = ada.other_conversation_summaries(exclude_chat_id=here.id)
+    rows = other_conversation_summaries(ada, exclude_chat_id=here.id)
 
     assert [(r.chat.title, r.agent_summary) for r in rows] == [
         ("Newer", "Newer state."),
@@ -137,7 +138,7 @@ def test_other_conversation_summaries_leaves_out_old_discarded_and_blank(admin, 
     discarded.discarded_at = utcnow()
     db.session.commit()
 
-    rows = ada.other_conversation_summaries(exclude_chat_id=here.id)
+    rows = other_conversation_summaries(ada, exclude_chat_id=here.id)
 
     assert [r.chat.title for r in rows] == ["Kept"]
     assert never.id not in {r.chat_id for r in rows}
@@ -150,7 +151,7 @@ def test_other_conversation_summaries_are_at_most_ten_in_one_query(admin, ada):
     here_id, _ = here.id, ada.account_id  # load both before counting
 
     with count_queries() as counted:
-        rows = ada.other_conversation_summaries(exclude_chat_id=here_id)
+        rows = other_conversation_summaries(ada, exclude_chat_id=here_id)
         titles = [r.chat.title for r in rows]
 
     assert counted.count == 1
@@ -165,7 +166,7 @@ def test_an_agent_never_sees_a_chat_it_is_not_in_nor_another_accounts(admin, ada
     foreign = factories.chat(stranger.account, [ada, factories.agent(stranger.account, "Mallory")], "Globex")
     factories.summary(foreign, ada, "Globex plans.")
 
-    assert ada.other_conversation_summaries(exclude_chat_id=here.id) == []
+    assert other_conversation_summaries(ada, exclude_chat_id=here.id) == []
 
 
 # The summary job

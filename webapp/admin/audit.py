@@ -7,12 +7,13 @@ from flask import abort, request, url_for
 from flask.typing import ResponseReturnValue
 from flask_login import current_user
 
-from webapp.admin.common import answer, bp, page_number, page_of, render_page
+from webapp.admin.common import answer, bp, page_number, page_of
 from webapp.admin.entries import LABELS, Entry, build_entries, entry_query
 from webapp.extensions import db
 from webapp.models import Agent, AuditLog
 from webapp.models.audit import undo
 from webapp.web.auth import admin_required
+from webapp.web.fragments import fragment_requested, page_or_fragment
 
 FILTER_KEYS = ("agent", "action", "session", "since", "until")
 
@@ -68,9 +69,9 @@ def audit() -> ResponseReturnValue:
     filters, page = _filters(), page_number()
     results, has_more = page_of(_filtered(filters), page)
     context = dict(entries=build_entries(results), filters=filters, page=page, has_more=has_more)
-    if request.headers.get("HX-Target") != "audit-log":
+    if not fragment_requested("audit-log"):
         context.update(agents=_account_agents(), actions=LABELS)
-    return render_page("memories/audit.html", "memories/_audit.html", "audit-log", **context)
+    return page_or_fragment("memories/audit.html", {"audit-log": "memories/_audit.html"}, **context)
 
 
 def entry_or_404(row_id: int) -> Entry:

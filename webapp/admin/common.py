@@ -1,9 +1,9 @@
-"""What the admin pages share: their blueprint, the account's rows or a 404, page-or-fragment, pages of rows."""
+"""What the admin pages share: their blueprint, the account's rows or a 404, pages of rows."""
 
 from typing import Any
 
 import sqlalchemy as sa
-from flask import Blueprint, Response, abort, flash, redirect, render_template, request
+from flask import Blueprint, abort, flash, redirect, render_template, request
 from flask.typing import ResponseReturnValue
 from flask_login import current_user
 
@@ -31,14 +31,6 @@ def memory_or_404(memory_id: int) -> AgentMemory:
 def account_audit() -> sa.Select:
     """Audit rows of the signed-in user's account."""
     return sa.select(AuditLog).where(AuditLog.account_id == current_user.account_id)
-
-
-def render_page(template: str, fragment: str, target: str, **context: Any) -> Response:
-    """The full page, or only its fragment when HTMX asks to swap that target."""
-    chosen = fragment if request.headers.get("HX-Target") == target else template
-    response = Response(render_template(chosen, **context))
-    response.vary.add("HX-Request")
-    return response
 
 
 def page_number() -> int:

@@ -17,17 +17,24 @@ from sqlalchemy.orm import aliased
 from wtforms import BooleanField, SelectField, TextAreaField
 from wtforms.validators import DataRequired, Length
 
-from webapp.admin.common import answer, bp, memory_or_404, page_number, page_of, render_page
+from webapp.admin.common import answer, bp, memory_or_404, page_number, page_of
 from webapp.admin.provenance import origins_for
 from webapp.admin.runs import KINDS
 from webapp.extensions import db
 from webapp.jobs import schedule
 from webapp.models import Agent, AgentMemory, search
 from webapp.models.audit import record_change
-from webapp.models.memories import JOURNAL_WINDOW, MAX_CONTENT_CHARS, active_memories, like_pattern
+from webapp.models.memories import (
+    MAX_CONTENT_CHARS,
+    active_memories,
+    core_token_usage,
+    deleted_memories,
+    like_pattern,
+)
 from webapp.models.search import Match
 from webapp.timeutil import utcnow
 from webapp.web.auth import admin_required, owned_or_404
+from webapp.web.fragments import fragment_requested, page_or_fragment
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +88,7 @@ def _conditions(memory: Any, now: datetime) -> dict[str, list[sa.ColumnElement[b
         "active": [],
         "core": [memory.memory_type == "core"],
         "journal": [memory.memory_type == "journal"],
-        "expired": [memory.memory_type == "journal", memory.created_at < now - JOURNAL_WINDOW],
+        "expired": [memory.is_expired(now)],
         "constitutional": [memory.constitutional.is_(True)],
     }
 
@@ -89,9 +96,7 @@ def _conditions(memory: Any, now: datetime) -> dict[str, list[sa.ColumnElement[b
 def _listed(agent_id: int, show: str, q: str, now: datetime) -> sa.Select:
     """The agent's memories under one filter and an optional search, newest first."""
     if show == "deleted":
-        query = sa.select(AgentMemory).where(
-            AgentMemory.agent_id == agent_id, AgentMemory.deleted_at.is_not(None)
-        )
+        query = deleted_memories(agent_id)
     else:
         query = active_memories(agent_id).where(*_conditions(AgentMemory, now)[show])
     if q:
@@ -110,16 +115,12 @@ def _counts(agent_id: int, now: datetime) -> dict[str, int]:
         for name, conditions in _conditions(active, now).items()
     ]
     counts = dict(db.session.execute(sa.select(*sums)).one()._mapping)
-    counts["deleted"] = db.session.scalar(
-        sa.select(sa.func.count())
-        .select_from(AgentMemory)
-        .where(AgentMemory.agent_id == agent_id, AgentMemory.deleted_at.is_not(None))
-    )
+    counts["deleted"] = db.session.scalar(deleted_memories(agent_id).with_only_columns(sa.func.count()))
     return counts
 
 
 def _core_tokens(agent: Agent) -> CoreTokens:
-    return CoreTokens(agent.core_token_usage(), agent.core_token_budget)
+    return CoreTokens(core_token_usage(agent.id), agent.core_token_budget)
 
 
 def next_cron_run(cron: str, now: datetime) -> datetime:
@@ -169,11 +170,11 @@ def _full_context(agent: Agent, form: AddForm) -> dict[str, Any]:
 def ledger(agent_id: int) -> ResponseReturnValue:
     """An agent's memories (core and journal) with filters, search and pages; its core budget and runs."""
     agent = owned_or_404(Agent, agent_id)
-    if request.headers.get("HX-Target") == "memory-ledger":
+    if fragment_requested("memory-ledger"):
         context = _ledger_context(agent)
     else:
         context = _full_context(agent, AddForm(formdata=None))
-    return render_page("memories/ledger.html", "memories/_ledger.html", "memory-ledger", **context)
+    return page_or_fragment("memories/ledger.html", {"memory-ledger": "memories/_ledger.html"}, **context)
 
 
 @bp.post("/agents/<int:agent_id>/memories")

@@ -9,7 +9,7 @@ from flask import abort, url_for
 from flask.typing import ResponseReturnValue
 from flask_login import current_user
 
-from webapp.admin.common import account_audit, answer, bp, page_number, page_of, render_page
+from webapp.admin.common import account_audit, answer, bp, page_number, page_of
 from webapp.admin.entries import Entry, build_entries, entry_query
 from webapp.admin.runs import CLOSING
 from webapp.extensions import db
@@ -17,6 +17,7 @@ from webapp.models import Agent, AuditLog, User
 from webapp.models.audit import UndoConflict, rollback_session
 from webapp.timeutil import utcnow
 from webapp.web.auth import admin_required, owned_or_404
+from webapp.web.fragments import page_or_fragment
 
 START = "memory_refinement_start"
 ROLLED_BACK = "memory_refinement_rolled_back"
@@ -113,7 +114,7 @@ def sessions(agent_id: int) -> ResponseReturnValue:
     closings = _closings([row.session_id for row in starts])
     found = [Session(row.session_id, row, closings[row.session_id]) for row in starts]
     context = dict(agent=agent, sessions=found, page=page, has_more=has_more)
-    return render_page("memories/sessions.html", "memories/_sessions.html", "session-list", **context)
+    return page_or_fragment("memories/sessions.html", {"session-list": "memories/_sessions.html"}, **context)
 
 
 def _session_or_404(session_id: str) -> tuple[Session, list[Entry]]:
@@ -143,7 +144,7 @@ def _session_context(session_id: str) -> dict[str, Any]:
 def session(session_id: str) -> ResponseReturnValue:
     """One refinement session: its figures and every operation it made, with "Roll back this session"."""
     context = _session_context(session_id)
-    return render_page("memories/session.html", "memories/_session.html", "session", **context)
+    return page_or_fragment("memories/session.html", {"session": "memories/_session.html"}, **context)
 
 
 @bp.post("/sessions/<session_id>/rollback")

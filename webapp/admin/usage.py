@@ -8,7 +8,7 @@ from math import floor, log10
 from typing import Any
 
 import sqlalchemy as sa
-from flask import Response, abort, current_app, flash, redirect, render_template, request, url_for
+from flask import abort, current_app, flash, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 from flask_login import current_user
 from sqlalchemy.ext.compiler import compiles
@@ -22,6 +22,7 @@ from webapp.models import Agent, JobRun, LlmCall
 from webapp.models.runs import JOB_RUN_STATUSES
 from webapp.timeutil import utcnow
 from webapp.web.auth import admin_required
+from webapp.web.fragments import fragment_requested, page_or_fragment
 
 WINDOWS = (7, 30, 90)  # days the usage page can show
 DEFAULT_WINDOW = 30
@@ -211,21 +212,13 @@ def _run_duration(seconds: float | None) -> str:
     return f"{minutes} min {rest:02d} s" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
 
 
-def _page(template: str, fragment: str, target: str, **context: Any) -> Response:
-    """The full page, or only its fragment when HTMX asks to swap that target."""
-    chosen = fragment if request.headers.get("HX-Target") == target else template
-    response = Response(render_template(chosen, **context))
-    response.vary.add("HX-Request")
-    return response
-
-
 @bp.get("/usage")
 @admin_required
 def index() -> ResponseReturnValue:
     """Tokens in and out (and dollars, for models with a price) by day, agent, purpose and model."""
     days = request.args.get("days", DEFAULT_WINDOW, type=int)
     report = _report(days if days in WINDOWS else DEFAULT_WINDOW)
-    return _page("usage/index.html", "usage/_report.html", "usage", windows=WINDOWS, **report)
+    return page_or_fragment("usage/index.html", {"usage": "usage/_report.html"}, windows=WINDOWS, **report)
 
 
 def _visible_runs() -> sa.Select:
@@ -274,9 +267,9 @@ def jobs() -> ResponseReturnValue:
     usage = _fold(_grouped([LlmCall.job_run_id], LlmCall.job_run_id.in_(ids)), lambda r: r.job_run_id)
     context = dict(runs=runs, usage=usage, filters=filters, page=page, has_more=len(found) > RUNS_PER_PAGE)
     context["job_functions"] = JOB_TYPES
-    if request.headers.get("HX-Target") != "job-runs":
+    if not fragment_requested("job-runs"):
         context.update(job_types=_job_types(), statuses=JOB_RUN_STATUSES)
-    return _page("usage/jobs.html", "usage/_runs.html", "job-runs", **context)
+    return page_or_fragment("usage/jobs.html", {"job-runs": "usage/_runs.html"}, **context)
 
 
 @bp.post("/jobs/<int:run_id>/rerun")

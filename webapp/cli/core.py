@@ -10,8 +10,11 @@ from flask.cli import AppGroup
 
 from webapp.extensions import db
 from webapp.jobs import schedule
+from webapp.jobs.ping import ping
+from webapp.jobs.queue import enqueue, wait_for_redis
 from webapp.models import Account, Agent, User
 from webapp.models.accounts import password_problem
+from webapp.web.health import check_database, check_llm, check_redis
 
 schedule_cli = AppGroup("schedule", help="Recurring jobs in rq-scheduler.")
 users_cli = AppGroup("users", help="Sign-in accounts.")
@@ -31,8 +34,6 @@ DEMO_AGENTS = [
 @click.command("check")
 def check() -> None:
     """Check every configured external service and name the variable of any that is unreachable."""
-    from webapp.web.health import check_database, check_llm, check_redis
-
     failures = []
     probes = [("DATABASE_URL", check_database)]
     if not current_app.config["EMBEDDED_REDIS"]:
@@ -71,8 +72,6 @@ def schedule_list() -> None:
 @schedule_cli.command("run")
 def schedule_run() -> None:
     """Run rq-scheduler in the foreground: it moves due recurring jobs onto the queue."""
-    from webapp.jobs.queue import wait_for_redis
-
     wait_for_redis()
     schedule.sync()  # also puts this process on UTC, so cron strings mean UTC when the scheduler reschedules
     schedule.scheduler().run()
@@ -138,9 +137,6 @@ def demo_seed() -> None:
 @click.option("--now", is_flag=True, help="Run inline instead of through the worker.")
 def jobs_ping(now: bool) -> None:
     """Enqueue (or run) the ping job, which records itself in job_runs."""
-    from webapp.jobs.ping import ping
-    from webapp.jobs.queue import enqueue
-
     if now:
         click.echo(f"ping: {ping()}")
         return

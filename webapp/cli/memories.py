@@ -5,8 +5,18 @@ import sqlalchemy as sa
 from flask.cli import AppGroup
 
 from webapp.extensions import db
+from webapp.jobs.consolidation import (
+    consolidate_chat,
+    consolidate_stale_chats,
+    idle_threshold,
+    stale_chats_query,
+)
 from webapp.jobs.queue import enqueue
-from webapp.models import AgentMemory, search
+from webapp.jobs.refinement import agents_due_query, refine_agent, refine_due
+from webapp.jobs.reflection import agents_to_reflect_query, reflect_agent, reflect_all
+from webapp.models import Agent, AgentMemory, search
+from webapp.models.audit import dedup_for_agent
+from webapp.timeutil import utcnow
 
 memories_cli = AppGroup("memories", help="Agents' memories: consolidation, reflection, backfills.")
 BACKFILL_BATCH = 500
@@ -26,14 +36,6 @@ def _run_or_enqueue(func, args: tuple, now: bool, label: str) -> None:
 @click.option("--now", is_flag=True, help="Run inline instead of through the worker.")
 def consolidate(chat_id: int | None, now: bool) -> None:
     """Consolidate idle group chats into their agents' memories."""
-    from webapp.jobs.consolidation import (
-        consolidate_chat,
-        consolidate_stale_chats,
-        idle_threshold,
-        stale_chats_query,
-    )
-    from webapp.timeutil import utcnow
-
     if chat_id is not None:
         _run_or_enqueue(consolidate_chat, (chat_id,), now, f"chat {chat_id}")
     elif not now:
@@ -48,9 +50,6 @@ def consolidate(chat_id: int | None, now: bool) -> None:
 @click.option("--now", is_flag=True, help="Run inline instead of through the worker.")
 def reflect(agent_id: int | None, now: bool) -> None:
     """Let agents promote journal entries to core memories."""
-    from webapp.jobs.reflection import agents_to_reflect_query, reflect_agent, reflect_all
-    from webapp.timeutil import utcnow
-
     if agent_id is not None:
         _run_or_enqueue(reflect_agent, (agent_id,), now, f"agent {agent_id}")
     elif not now:
@@ -67,9 +66,6 @@ def reflect(agent_id: int | None, now: bool) -> None:
 @click.option("--now", is_flag=True, help="Run inline instead of through the worker.")
 def refine(agent_id: int | None, now: bool) -> None:
     """Run memory refinement sessions."""
-    from webapp.jobs.refinement import agents_due_query, refine_agent, refine_due
-    from webapp.timeutil import utcnow
-
     if agent_id is not None:
         _run_or_enqueue(refine_agent, (agent_id, True), now, f"agent {agent_id}")
     elif not now:
@@ -83,9 +79,6 @@ def refine(agent_id: int | None, now: bool) -> None:
 @click.option("--agent", "agent_id", type=int, help="One agent (default: every agent).")
 def dedup(agent_id: int | None) -> None:
     """Soft-delete repeated core memories (the oldest copy and constitutional ones stay), with audit rows."""
-    from webapp.models import Agent
-    from webapp.models.audit import dedup_for_agent
-
     agent_ids = [agent_id] if agent_id is not None else db.session.scalars(sa.select(Agent.id)).all()
     for found in agent_ids:
         click.echo(f"agent {found}: {dedup_for_agent(found, session_id=None, via='cli')} duplicates removed")

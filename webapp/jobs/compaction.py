@@ -49,11 +49,7 @@ def compact_if_needed(chat: Chat) -> bool:
     return enqueue(compact_chat, chat.id) is not None
 
 
-def _account(chat_id: int) -> int | None:
-    return db.session.scalar(sa.select(Chat.account_id).where(Chat.id == chat_id))
-
-
-@recorded_job("compact", target=lambda chat_id: f"chat:{chat_id}", account=_account, unique="active")
+@recorded_job("compact", target=lambda chat_id: f"chat:{chat_id}", of=Chat, unique="active")
 def compact_chat(chat_id: int) -> dict[str, Any]:
     """Summarize all but the newest messages after the cut into the chat's memory_doc, a batch at a time."""
     counts = _compact_batch(chat_id)

@@ -23,14 +23,19 @@ from webapp.llm import LLMError
 from webapp.llm.jsonparse import parse_json_object
 from webapp.models import AgentMemory, Chat, ChatAgent, Message
 from webapp.models.audit import record_change
-from webapp.models.memories import MAX_CONTENT_CHARS, active_memories, content_hash_of, memories_within
+from webapp.models.memories import (
+    MAX_CONTENT_CHARS,
+    MEMORY_TYPES,
+    active_memories,
+    content_hash_of,
+    memories_within,
+)
 from webapp.prompting import render
 from webapp.prompting.build import memory_budget
 from webapp.timeutil import utcnow
 from webapp.tokens import count_tokens
 
 log = logging.getLogger(__name__)
-MEMORY_TYPES = ("journal", "core")
 
 
 def stale_chats_query(now: datetime, idle: timedelta) -> sa.Select:
@@ -73,14 +78,10 @@ class AgentOutcome:
     error: LLMError | None = None
 
 
-def _chat_account(chat_id: int, force: bool = False) -> int | None:
-    return db.session.scalar(sa.select(Chat.account_id).where(Chat.id == chat_id))
-
-
 @recorded_job(
     "consolidate",
     target=lambda chat_id, force=False: f"chat:{chat_id}",
-    account=_chat_account,
+    of=Chat,
     unique="active",
 )
 def consolidate_chat(chat_id: int, force: bool = False) -> dict[str, Any]:

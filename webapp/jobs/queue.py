@@ -30,7 +30,7 @@ from rq.job import Job, JobStatus
 
 from webapp.extensions import db
 from webapp.llm import LLMError
-from webapp.models import JobRun
+from webapp.models import Agent, Chat, JobRun, Message
 from webapp.models.runs import current_job_run_id
 from webapp.timeutil import utcnow
 
@@ -55,7 +55,7 @@ class JobKind:
 
     job_type: str
     target: Callable[..., str | None] | None
-    account: Callable[..., int | None] | None
+    of: type[Agent | Chat | Message] | None  # what the job's first argument is the id (or ids) of
     queue: str  # "replies" (served first) or "background"
     unique: str | None  # "queued": one queued run per target; "active": one queued or running; None
     resume: bool  # queue it again when its worker died
@@ -66,6 +66,17 @@ class JobKind:
 
     def lock_name(self, target: str | None) -> str:
         return f"run:{self.job_type}:{target or ''}"
+
+    def account_of(self, args: tuple[Any, ...]) -> int | None:
+        """The account whose data the run touches: that of the record its first argument names (for a list
+        of ids, the first one), or None when the job has no such record or it is gone."""
+        first = args[0] if args and self.of is not None else None
+        if isinstance(first, list):
+            first = first[0] if first else None
+        if first is None:
+            return None
+        record = db.session.get(self.of, first)
+        return record.account_id if record else None
 
 
 def init_app(app: Flask) -> None:
@@ -164,7 +175,7 @@ def enqueue(func: Callable[..., Any], *args: Any, once_per: float | None = None)
     once_name = f"{kind.job_type}:{target}" if once_per else None
     if once_name and _recently(once_name):
         return None
-    run = _add_queued(kind, list(args), target, kind.account(*args) if kind.account else None)
+    run = _add_queued(kind, list(args), target, kind.account_of(args))
     _after_commit(run.rq_job_id, func, list(args), once_name, once_per)
     return run
 
@@ -235,7 +246,7 @@ def _push(job_id: str, func: Callable[..., Any], args: list[Any]) -> None:
 def recorded_job(
     job_type: str,
     target: Callable[..., str | None] | None = None,
-    account: Callable[..., int | None] | None = None,
+    of: type[Agent | Chat | Message] | None = None,
     *,
     queue: str = "background",
     unique: str | None = None,
@@ -244,14 +255,14 @@ def recorded_job(
 ) -> Callable[[Callable[..., dict | None]], Callable[..., dict | None]]:
     """Record each execution of the decorated job in job_runs and hold its target's lock while it runs.
 
-    `target` and `account` compute, from the job's arguments, a label for what it works on and the account
-    whose data it touches. One run per target at a time: a second one finds the lock held and skips. The job
+    `target` computes, from the job's arguments, a label for what it works on; `of` is the model whose id (or
+    list of ids) the first argument is, and the run is recorded under that record's account. One run per target at a time: a second one finds the lock held and skips. The job
     returns a dict of counts (or None). A retryable LLM error is re-raised so RQ retries it with backoff (a
     queued row stands for the next attempt); any other error fails the job at once, its reason in job_runs.
     """
 
     def decorator(func: Callable[..., dict[str, Any] | None]):
-        kind = JobKind(job_type, target, account, queue, unique, resume, on_interrupt)
+        kind = JobKind(job_type, target, of, queue, unique, resume, on_interrupt)
 
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> dict[str, Any]:
@@ -292,7 +303,7 @@ def _take_run(kind: JobKind, args: tuple[Any, ...]) -> JobRun | None:
             .limit(1)
         )
     if run is None or run.status != "queued":  # a scheduled job (rq-scheduler reuses its id), or inline
-        run = _add_queued(kind, list(args), target, kind.account(*args) if kind.account else None)
+        run = _add_queued(kind, list(args), target, kind.account_of(args))
         if rq_job is not None:
             run.rq_job_id = rq_job.id
     db.session.commit()

@@ -16,9 +16,9 @@ from webapp import llm
 from webapp.extensions import db
 from webapp.jobs.queue import enqueue, recorded_job
 from webapp.llm import LLMError
-from webapp.models import Agent, AgentMemory, AuditLog, JobRun
+from webapp.models import Agent, AuditLog, JobRun
 from webapp.models.audit import dedup_for_agent, session_rows
-from webapp.models.memories import active_memories, core_memories
+from webapp.models.memories import core_memories, core_token_usage, core_tokens, needs_refinement
 from webapp.prompting import render
 from webapp.prompting.build import memory_budget
 from webapp.timeutil import utcnow
@@ -37,16 +37,11 @@ CLOSING = (
 
 def agents_due_query(now: datetime) -> sa.Select:
     """Agents (not paused) not refined for a week, or whose active core memory is over budget: one query."""
-    core_tokens = (
-        active_memories(Agent.id)
-        .where(AgentMemory.memory_type == "core")
-        .with_only_columns(sa.func.coalesce(sa.func.sum(AgentMemory.token_estimate), 0))
-        .scalar_subquery()
-    )
+    core_tokens_now = core_tokens(Agent.id).scalar_subquery()
     stale = sa.or_(Agent.last_refinement_at.is_(None), Agent.last_refinement_at < now - REFINE_EVERY)
     return (
         sa.select(Agent.id)
-        .where(Agent.paused.is_(False), sa.or_(stale, core_tokens > Agent.core_token_budget))
+        .where(Agent.paused.is_(False), sa.or_(stale, core_tokens_now > Agent.core_token_budget))
         .order_by(Agent.id)
     )
 
@@ -63,13 +58,9 @@ def refine_due() -> dict[str, int]:
 
 def trigger_if_over_budget(agent: Agent) -> bool:
     """Enqueue a refinement when the agent's core memory is over budget, at most once a day per agent."""
-    if agent.paused or not agent.needs_refinement():
+    if agent.paused or not needs_refinement(agent):
         return False
     return enqueue(refine_agent, agent.id, once_per=TRIGGER_COOLDOWN_SECONDS) is not None
-
-
-def _account(agent_id: int, force: bool = False) -> int | None:
-    return db.session.scalar(sa.select(Agent.account_id).where(Agent.id == agent_id))
 
 
 def _target(agent_id: int, force: bool = False) -> str:
@@ -88,7 +79,7 @@ def _interrupted(run: JobRun, _again: bool) -> None:
             session_id=session_id,
             reason="The worker running this session stopped before it finished.",
             mutations=len(session_rows(session_id)),
-            tokens_after=agent.core_token_usage(),
+            tokens_after=core_token_usage(agent.id),
         )
     agent.last_refinement_at = utcnow()
 
@@ -108,9 +99,7 @@ def _open_sessions(agent_id: int, since: datetime) -> list[str]:
 
 
 # One session per agent at a time (two would each get the full mutation cap and floor): the job's target lock.
-@recorded_job(
-    "refine", target=_target, account=_account, unique="active", resume=False, on_interrupt=_interrupted
-)
+@recorded_job("refine", target=_target, of=Agent, unique="active", resume=False, on_interrupt=_interrupted)
 def refine_agent(agent_id: int, force: bool = False) -> dict[str, Any]:
     """Dedup, then let the agent refine its core memory with the refinement tool (force: even if not due)."""
     agent = db.session.get(Agent, agent_id)
@@ -125,7 +114,7 @@ def _refine(agent: Agent, force: bool) -> dict[str, Any]:
     memories = db.session.scalars(core_memories(agent.id)).all()
     if not memories:
         return {"skipped": "no core memories", "deduplicated": deduplicated}
-    usage, budget = agent.core_token_usage(), agent.core_token_budget
+    usage, budget = core_token_usage(agent.id), agent.core_token_budget
     recently = agent.last_refinement_at and agent.last_refinement_at > utcnow() - REFINE_EVERY
     if not force and usage <= budget and recently:
         return {"skipped": "within budget and refined this week", "deduplicated": deduplicated}

@@ -16,7 +16,7 @@ from webapp.jobs.refinement import trigger_if_over_budget
 from webapp.llm.jsonparse import parse_json_object
 from webapp.models import Agent, AgentMemory
 from webapp.models.audit import record_change
-from webapp.models.memories import JOURNAL_WINDOW, active_memories, core_memories, token_pages
+from webapp.models.memories import core_memories, recent_journal, token_pages
 from webapp.prompting import render
 from webapp.prompting.build import memory_budget
 from webapp.timeutil import utcnow
@@ -24,13 +24,9 @@ from webapp.timeutil import utcnow
 log = logging.getLogger(__name__)
 
 
-def _fresh_journal(now: datetime) -> sa.ColumnElement[bool]:
-    return sa.and_(AgentMemory.memory_type == "journal", AgentMemory.created_at >= now - JOURNAL_WINDOW)
-
-
 def agents_to_reflect_query(now: datetime) -> sa.Select:
     """Agents (not paused) with active journal entries of the last 7 days: one query."""
-    has_journal = active_memories(Agent.id).where(_fresh_journal(now)).exists()
+    has_journal = recent_journal(Agent.id, now).order_by(None).exists()
     return sa.select(Agent.id).where(Agent.paused.is_(False), has_journal).order_by(Agent.id)
 
 
@@ -44,11 +40,7 @@ def reflect_all() -> dict[str, int]:
     return {"agents": len(agent_ids)}
 
 
-def _agent_account(agent_id: int) -> int | None:
-    return db.session.scalar(sa.select(Agent.account_id).where(Agent.id == agent_id))
-
-
-@recorded_job("reflect", target=lambda agent_id: f"agent:{agent_id}", account=_agent_account, unique="active")
+@recorded_job("reflect", target=lambda agent_id: f"agent:{agent_id}", of=Agent, unique="active")
 def reflect_agent(agent_id: int) -> dict[str, Any]:
     """Let one agent choose which of its recent journal entries become core memories.
 
@@ -59,9 +51,7 @@ def reflect_agent(agent_id: int) -> dict[str, Any]:
     if agent is None or agent.paused:
         return {"skipped": 1}
     now = utcnow()
-    entries = db.session.scalars(
-        active_memories(agent.id).where(_fresh_journal(now)).order_by(AgentMemory.created_at, AgentMemory.id)
-    ).all()
+    entries = db.session.scalars(recent_journal(agent.id, now)).all()
     if not entries:
         return {"entries": 0, "promoted": 0}
     budget = memory_budget(agent)
@@ -126,9 +116,7 @@ def _promote(agent_id: int, ids: list[int], session_id: str) -> int:
     # Write first: the UPDATE takes SQLite's write lock before anything is read in this transaction.
     promoted_ids = db.session.scalars(
         sa.update(AgentMemory)
-        .where(
-            AgentMemory.id.in_(ids), AgentMemory.memory_type == "journal", AgentMemory.deleted_at.is_(None)
-        )
+        .where(AgentMemory.id.in_(ids), AgentMemory.memory_type == "journal", AgentMemory.is_active)
         .values(memory_type="core", updated_at=utcnow())
         .returning(AgentMemory.id)
         .execution_options(synchronize_session=False)

@@ -47,11 +47,6 @@ def _message_ids(target: str | None) -> list[int]:
     return [int(i) for i in (target or "").removeprefix("messages:").split(",") if i]
 
 
-def _account(message_ids: list[int]) -> int | None:
-    first = db.session.get(Message, message_ids[0]) if message_ids else None
-    return first.chat.account_id if first else None
-
-
 def _interrupted(run: JobRun, again: bool) -> None:
     """Its worker died mid-reply: each unfinished reply waits for the new attempt, or fails with Retry."""
     unfinished = db.session.scalars(
@@ -69,7 +64,7 @@ def _interrupted(run: JobRun, again: bool) -> None:
         events.publish(message.chat_id, "final", message.id)
 
 
-@recorded_job("reply", target=_target, account=_account, queue="replies", on_interrupt=_interrupted)
+@recorded_job("reply", target=_target, of=Message, queue="replies", on_interrupt=_interrupted)
 def respond(message_ids: list[int]) -> dict[str, int]:
     """Generate the pending replies in order (one agent, or "ask all"); each sees the replies before it."""
     answered, failed = 0, []

@@ -4,13 +4,13 @@ import logging
 
 import sqlalchemy as sa
 from flask import current_app
-from sqlalchemy.orm import joinedload
 
 from webapp import llm
 from webapp.extensions import db
 from webapp.jobs.queue import enqueue, recorded_job
 from webapp.llm import LLMError
 from webapp.models import Chat, ChatAgent, Message
+from webapp.models.chats import recent_messages
 from webapp.prompting import render
 from webapp.timeutil import utcnow
 
@@ -34,12 +34,7 @@ def _target(chat_id: int, agent_id: int) -> str:
     return f"chat:{chat_id} agent:{agent_id}"
 
 
-def _account(chat_id: int, _agent_id: int) -> int | None:
-    chat = db.session.get(Chat, chat_id)
-    return chat.account_id if chat else None
-
-
-@recorded_job("summarize", target=_target, account=_account, unique="queued")
+@recorded_job("summarize", target=_target, of=Chat, unique="queued")
 def summarize(chat_id: int, agent_id: int) -> dict[str, int]:
     """Write the agent's summary of the chat from its last messages; a failure keeps the old summary."""
     chat_agent = db.session.scalar(
@@ -49,7 +44,7 @@ def summarize(chat_id: int, agent_id: int) -> dict[str, int]:
         return {"summarized": 0, "skipped": 1}
     if not chat_agent.summary_stale():
         return {"summarized": 0, "fresh": 1}  # another job summarized it since this one was enqueued
-    recent = _recent_messages(chat_id)
+    recent = recent_messages(chat_id, RECENT_MESSAGES)
     if len(recent) < 2:
         return {"summarized": 0, "too_few_messages": 1}
     try:
@@ -65,23 +60,6 @@ def summarize(chat_id: int, agent_id: int) -> dict[str, int]:
     chat_agent.agent_summary_generated_at = utcnow()
     db.session.commit()
     return {"summarized": 1, "messages": len(recent)}
-
-
-def _recent_messages(chat_id: int) -> list[Message]:
-    """The chat's last finished user and assistant messages, oldest first."""
-    newest_first = db.session.scalars(
-        sa.select(Message)
-        .options(joinedload(Message.user), joinedload(Message.agent))
-        .where(
-            Message.chat_id == chat_id,
-            Message.role.in_(("user", "assistant")),
-            Message.status == "done",
-            Message.content != "",
-        )
-        .order_by(Message.id.desc())
-        .limit(RECENT_MESSAGES)
-    ).all()
-    return newest_first[::-1]
 
 
 def _generate(chat_agent: ChatAgent, recent: list[Message]) -> str:

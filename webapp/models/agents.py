@@ -32,27 +32,6 @@ class Agent(db.Model):
     account: Mapped[Account] = relationship()
     chat_agents: Mapped[list["ChatAgent"]] = relationship(back_populates="agent")  # noqa: F821
 
-    def core_token_usage(self) -> int:
-        """Tokens of the agent's active core memories."""
-        from webapp.models.memories import AgentMemory, active_memories
-
-        total = db.session.scalar(
-            active_memories(self.id)
-            .where(AgentMemory.memory_type == "core")
-            .with_only_columns(sa.func.coalesce(sa.func.sum(AgentMemory.token_estimate), 0))
-        )
-        return int(total)
-
-    def needs_refinement(self) -> bool:
-        """True when the active core memories are over the agent's token budget."""
-        return self.core_token_usage() > (self.core_token_budget or DEFAULT_CORE_TOKEN_BUDGET)
-
     def identity(self) -> str:
         """The agent's system prompt, or the plain identity the specs fall back to."""
         return self.system_prompt.strip() or f"You are {self.name}."
-
-    def other_conversation_summaries(self, exclude_chat_id: int) -> list["ChatAgent"]:  # noqa: F821
-        """This agent's summaries of its other active chats (at most 10, most recently updated first)."""
-        from webapp.models.chats import other_conversations
-
-        return list(db.session.scalars(other_conversations(self.account_id, [self.id], exclude_chat_id)))

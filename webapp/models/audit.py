@@ -147,12 +147,9 @@ def dedup_for_agent(agent_id: int, *, session_id: str | None, via: str) -> int:
     """Soft-delete repeated active core memories (same content_hash), keeping the oldest and every
     constitutional one; returns how many were removed."""
     duplicated = (
-        sa.select(AgentMemory.content_hash)
-        .where(
-            AgentMemory.agent_id == agent_id,
-            AgentMemory.memory_type == "core",
-            AgentMemory.deleted_at.is_(None),
-        )
+        core_memories(agent_id)
+        .order_by(None)
+        .with_only_columns(AgentMemory.content_hash)
         .group_by(AgentMemory.content_hash)
         .having(sa.func.count() > 1)
     )

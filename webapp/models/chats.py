@@ -3,7 +3,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.orm import Mapped, contains_eager, mapped_column, relationship
+from sqlalchemy.orm import Mapped, contains_eager, joinedload, mapped_column, relationship
 
 from webapp.extensions import JSON, db
 from webapp.models import public_ids
@@ -176,6 +176,11 @@ class Message(db.Model):
         return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
     @property
+    def account_id(self) -> int:
+        """The account the message belongs to: its chat's."""
+        return self.chat.account_id
+
+    @property
     def author_name(self) -> str:
         if self.agent is not None:
             return self.agent.name
@@ -216,3 +221,25 @@ def other_conversations(account_id: int, agent_ids: list[int], exclude_chat_id: 
         .where(ranked.c.rank <= OTHER_CONVERSATIONS_LIMIT)
         .order_by(ChatAgent.agent_id, Chat.last_message_at.desc(), Chat.id.desc())
     )
+
+
+def other_conversation_summaries(agent: Agent, exclude_chat_id: int) -> list[ChatAgent]:
+    """The agent's summaries of its other active chats (at most 10, most recently updated first)."""
+    return list(db.session.scalars(other_conversations(agent.account_id, [agent.id], exclude_chat_id)))
+
+
+def recent_messages(chat_id: int, limit: int) -> list[Message]:
+    """The chat's last `limit` finished user and assistant messages, oldest first, with their authors."""
+    newest_first = db.session.scalars(
+        sa.select(Message)
+        .options(joinedload(Message.user), joinedload(Message.agent))
+        .where(
+            Message.chat_id == chat_id,
+            Message.role.in_(("user", "assistant")),
+            Message.status == "done",
+            Message.content != "",
+        )
+        .order_by(Message.id.desc())
+        .limit(limit)
+    ).all()
+    return newest_first[::-1]

@@ -5,10 +5,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.ext.hybrid import hybrid_method, hybrid_property
 from sqlalchemy.orm import Mapped, backref, mapped_column, relationship, validates
 
 from webapp.extensions import JSON, db
-from webapp.models.agents import Agent
+from webapp.models.agents import DEFAULT_CORE_TOKEN_BUDGET, Agent
 from webapp.models.chats import Message
 from webapp.timeutil import utcnow
 from webapp.tokens import count_tokens
@@ -81,13 +82,46 @@ class AgentMemory(db.Model):
             raise ConstitutionalMemoryError(f"Memory #{self.id} is constitutional and cannot be deleted.")
         return deleted_at
 
-    @property
+    # Each state of a memory is defined once, for an instance and (as SQL) for a query, alias or subquery.
+    @hybrid_property
+    def is_active(self) -> bool:
+        """Not soft-deleted."""
+        return self.deleted_at is None
+
+    @is_active.inplace.expression
+    @classmethod
+    def _is_active_expression(cls) -> sa.ColumnElement[bool]:
+        return cls.deleted_at.is_(None)
+
+    @hybrid_property
     def is_deleted(self) -> bool:
+        """Soft-deleted (it can be restored)."""
         return self.deleted_at is not None
 
+    @is_deleted.inplace.expression
+    @classmethod
+    def _is_deleted_expression(cls) -> sa.ColumnElement[bool]:
+        return cls.deleted_at.is_not(None)
+
+    @hybrid_method
+    def in_journal_window(self, now: datetime) -> bool:
+        """A journal entry of the last 7 days: it still reaches prompts."""
+        return self.memory_type == "journal" and self.created_at >= now - JOURNAL_WINDOW
+
+    @in_journal_window.inplace.expression
+    @classmethod
+    def _in_journal_window_expression(cls, now: datetime) -> sa.ColumnElement[bool]:
+        return sa.and_(cls.memory_type == "journal", cls.created_at >= now - JOURNAL_WINDOW)
+
+    @hybrid_method
     def is_expired(self, now: datetime) -> bool:
         """A journal entry older than the journal window has faded from prompts."""
         return self.memory_type == "journal" and self.created_at < now - JOURNAL_WINDOW
+
+    @is_expired.inplace.expression
+    @classmethod
+    def _is_expired_expression(cls, now: datetime) -> sa.ColumnElement[bool]:
+        return sa.and_(cls.memory_type == "journal", cls.created_at < now - JOURNAL_WINDOW)
 
     def soft_delete(self) -> None:
         self.deleted_at = utcnow()
@@ -113,17 +147,62 @@ class AgentMemory(db.Model):
         self.deleted_at = datetime.fromisoformat(deleted_at) if deleted_at else None
 
 
-def active_memories(agent_id: int) -> sa.Select:
+# The scopes: each set of memories the app reads is defined here once. `agent_id` may be a column (Agent.id)
+# to correlate a scope with a query over agents.
+
+
+def active_memories(agent_id: Any) -> sa.Select:
     """Every memory of the agent that is not soft-deleted: the one scope all reads of memory go through."""
-    return sa.select(AgentMemory).where(AgentMemory.agent_id == agent_id, AgentMemory.deleted_at.is_(None))
+    return sa.select(AgentMemory).where(AgentMemory.agent_id == agent_id, AgentMemory.is_active)
 
 
-def prompt_memories(agent_id: int, now: datetime) -> sa.Select:
-    """Active core memories and active journal entries of the last 7 days (unordered)."""
-    fresh_journal = sa.and_(
-        AgentMemory.memory_type == "journal", AgentMemory.created_at >= now - JOURNAL_WINDOW
+def deleted_memories(agent_id: Any) -> sa.Select:
+    """The agent's soft-deleted memories (the ledger's "deleted" filter)."""
+    return sa.select(AgentMemory).where(AgentMemory.agent_id == agent_id, AgentMemory.is_deleted)
+
+
+def core_memories(agent_id: Any) -> sa.Select:
+    """The agent's active core memories, oldest first."""
+    return (
+        active_memories(agent_id)
+        .where(AgentMemory.memory_type == "core")
+        .order_by(AgentMemory.created_at, AgentMemory.id)
     )
-    return active_memories(agent_id).where(sa.or_(AgentMemory.memory_type == "core", fresh_journal))
+
+
+def recent_journal(agent_id: Any, now: datetime) -> sa.Select:
+    """The agent's active journal entries of the last 7 days, oldest first."""
+    return (
+        active_memories(agent_id)
+        .where(AgentMemory.in_journal_window(now))
+        .order_by(AgentMemory.created_at, AgentMemory.id)
+    )
+
+
+def prompt_memories(agent_id: Any, now: datetime) -> sa.Select:
+    """What a prompt may list: active core memories and the journal of the last 7 days (unordered)."""
+    return active_memories(agent_id).where(
+        sa.or_(AgentMemory.memory_type == "core", AgentMemory.in_journal_window(now))
+    )
+
+
+def core_tokens(agent_id: Any) -> sa.Select:
+    """The tokens of the agent's active core memories, as a one-value query."""
+    return (
+        core_memories(agent_id)
+        .order_by(None)
+        .with_only_columns(sa.func.coalesce(sa.func.sum(AgentMemory.token_estimate), 0))
+    )
+
+
+def core_token_usage(agent_id: int) -> int:
+    """Tokens of the agent's active core memories."""
+    return int(db.session.scalar(core_tokens(agent_id)))
+
+
+def needs_refinement(agent: Agent) -> bool:
+    """True when the agent's active core memories are over its token budget."""
+    return core_token_usage(agent.id) > (agent.core_token_budget or DEFAULT_CORE_TOKEN_BUDGET)
 
 
 @dataclass
@@ -209,15 +288,6 @@ def token_pages(memories: list["AgentMemory"], budget: int) -> list[list["AgentM
         pages[-1].append(memory)
         used += tokens
     return pages
-
-
-def core_memories(agent_id: int) -> sa.Select:
-    """The agent's active core memories, oldest first."""
-    return (
-        active_memories(agent_id)
-        .where(AgentMemory.memory_type == "core")
-        .order_by(AgentMemory.created_at, AgentMemory.id)
-    )
 
 
 def like_pattern(text: str) -> str:

@@ -17,6 +17,7 @@ from sqlalchemy.orm import joinedload
 from webapp.extensions import db
 from webapp.llm import LLMError
 from webapp.models import Agent, Chat, ChatAgent, Message, ReplySources, User, public_ids
+from webapp.models.chats import other_conversation_summaries
 from webapp.models.memories import MemoryWithin, memories_within
 from webapp.prompting import render
 from webapp.timeutil import utcnow
@@ -69,7 +70,7 @@ def build_prompt(chat: Chat, agent: Agent, *, before_message_id: int | None = No
     borrowed = _staged_borrowed_context(chat, agent)
     borrowed_section = _borrowed_section(borrowed)
     memory = memories_within(agent.id, now, memory_budget(agent))
-    summaries = agent.other_conversation_summaries(exclude_chat_id=chat.id)
+    summaries = other_conversation_summaries(agent, exclude_chat_id=chat.id)
     context = [
         memory_section(memory, agent, memory_budget(agent)),
         _other_conversations_section(summaries, agent),

@@ -1,10 +1,10 @@
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.orm import joinedload
 
 from webapp.extensions import db
-from webapp.models import Chat, ChatAgent, Message, public_ids
+from webapp.models import Chat, ChatAgent, public_ids
+from webapp.models.chats import recent_messages
 from webapp.timeutil import utcnow
 from webapp.tools.base import Tool, ToolContext
 
@@ -26,7 +26,7 @@ def borrow_context(context: ToolContext, conversation_id: str) -> dict[str, Any]
         return {"error": "Conversation not found or you are not a participant"}
     if source.id == context.chat.id:
         return {"error": "Cannot borrow from the current conversation"}
-    recent = _recent_messages(source)
+    recent = recent_messages(source.id, BORROWED_MESSAGES)
     if not recent:
         return {"error": "No messages found in that conversation"}
     mine = _membership(context)
@@ -65,23 +65,6 @@ def _source_chat(context: ToolContext, conversation_id: str) -> Chat | None:
             ChatAgent.agent_id == context.agent.id,
         )
     )
-
-
-def _recent_messages(chat: Chat) -> list[Message]:
-    """The chat's last finished user and assistant messages, oldest first."""
-    newest_first = db.session.scalars(
-        sa.select(Message)
-        .options(joinedload(Message.user), joinedload(Message.agent))
-        .where(
-            Message.chat_id == chat.id,
-            Message.role.in_(("user", "assistant")),
-            Message.status == "done",
-            Message.content != "",
-        )
-        .order_by(Message.id.desc())
-        .limit(BORROWED_MESSAGES)
-    ).all()
-    return newest_first[::-1]
 
 
 def _membership(context: ToolContext) -> ChatAgent | None:

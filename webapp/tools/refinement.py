@@ -12,7 +12,7 @@ from typing import Any
 from webapp.extensions import db
 from webapp.models import Agent, AgentMemory, AuditLog
 from webapp.models.audit import record_change, rollback_session
-from webapp.models.memories import core_memories, like_pattern, token_pages
+from webapp.models.memories import core_memories, core_token_usage, like_pattern, token_pages
 from webapp.timeutil import utcnow
 
 ACTIONS = ("page", "search", "consolidate", "update", "delete", "protect", "complete")
@@ -235,7 +235,7 @@ class RefinementSession:
     def close(self, action: str, **data: Any) -> None:
         """Write the session's closing audit row (with stats and token figures) and stamp the agent."""
         self.agent.last_refinement_at = utcnow()
-        tokens_after = self.agent.core_token_usage()
+        tokens_after = core_token_usage(self.agent.id)
         AuditLog.record(
             action,
             self.agent,
@@ -252,7 +252,7 @@ class RefinementSession:
 
     def _check_floor(self) -> dict[str, Any] | None:
         """Roll the whole session back if core memory fell below the floor; None when it is fine."""
-        usage = self.agent.core_token_usage()
+        usage = core_token_usage(self.agent.id)
         if usage >= self.floor * self.start_tokens:
             return None
         restored = rollback_session(self.session_id, user_id=None, via=VIA)

@@ -32,6 +32,7 @@ from webapp.models.chats import other_conversations
 from webapp.models.memories import prompt_memories
 from webapp.timeutil import utcnow
 from webapp.web.auth import owned_or_404
+from webapp.web.fragments import fragment_requested, page_or_fragment
 from webapp.web.guards import replies_limit
 from webapp.web.markdown import render_markdown
 
@@ -125,11 +126,14 @@ def index() -> ResponseReturnValue:
     """The account's chats, most recently active first (or the discarded ones)."""
     discarded = request.args.get("discarded") == "1"
     rows = _chat_rows(discarded)
-    template = "chats/_list.html" if request.headers.get("HX-Target") == "chat-list" else "chats/index.html"
     has_agents = bool(_account_agents())
-    response = Response(render_template(template, rows=rows, discarded=discarded, has_agents=has_agents))
-    response.vary.add("HX-Request")
-    return response
+    return page_or_fragment(
+        "chats/index.html",
+        {"chat-list": "chats/_list.html"},
+        rows=rows,
+        discarded=discarded,
+        has_agents=has_agents,
+    )
 
 
 @bp.route("/new", methods=["GET", "POST"])
@@ -177,26 +181,19 @@ def _page_of_messages(chat: Chat, before: int | None) -> tuple[list[Message], bo
 def show(chat_id: int) -> ResponseReturnValue:
     """The chat page: the latest messages, the composer, the trigger bar and the agents' other conversations."""
     chat = owned_or_404(Chat, chat_id)
-    target = request.headers.get("HX-Target")
-    if target == "cross-conversations":
-        response = Response(render_template("chats/_cross_conversations.html", chat=chat, **_panel(chat)))
+    if fragment_requested("cross-conversations"):
+        context = dict(chat=chat, **_panel(chat))
     else:
         messages, has_older = _page_of_messages(chat, None)
         context = dict(
             chat=chat, messages=messages, has_older=has_older, form=MessageForm(), stuck_after=STUCK_AFTER
         )
-        if target == "messages":
-            response = Response(render_template("chats/_messages.html", **context))
-        else:
+        if not fragment_requested("messages"):
             in_chat = {a.id for a in chat.agents}
             addable = [a for a in _account_agents() if a.id not in in_chat]
-            sidebar = _chat_rows(limit=SIDEBAR_CHATS)
-            response = Response(
-                render_template(
-                    "chats/show.html", addable=addable, sidebar=sidebar, **context, **_panel(chat)
-                )
-            )
-    response.vary.add("HX-Request")
+            context.update(addable=addable, sidebar=_chat_rows(limit=SIDEBAR_CHATS), **_panel(chat))
+    fragments = {"cross-conversations": "chats/_cross_conversations.html", "messages": "chats/_messages.html"}
+    response = page_or_fragment("chats/show.html", fragments, **context)
     response.headers["Cache-Control"] = (
         "no-store"  # Back to a chat shows it as it is now, not as first loaded
     )
