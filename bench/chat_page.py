@@ -12,7 +12,7 @@ from bench.common import bench_app, measure
 from tests import factories
 from webapp.extensions import db
 from webapp.models import AgentMemory, Message
-from webapp.prompting.build import build_messages
+from webapp.prompting.build import build_prompt
 from webapp.timeutil import utcnow
 from webapp.tokens import count_tokens
 
@@ -57,7 +57,7 @@ def _get_page(client, url: str) -> None:
 
 def _prompt(chat, agent) -> list[dict]:
     db.session.expire_all()
-    return build_messages(chat, agent)
+    return build_prompt(chat, agent).messages
 
 
 def _row(size: int) -> str:

@@ -14,7 +14,7 @@ from tests.fake_llm import FakeLLM
 from webapp.extensions import db
 from webapp.jobs.compaction import compact_chat
 from webapp.models import Chat, Message
-from webapp.prompting.build import build_messages
+from webapp.prompting.build import build_prompt
 from webapp.timeutil import utcnow
 from webapp.tokens import count_tokens
 
@@ -42,7 +42,7 @@ def _row(size: int, fake: FakeLLM) -> str:
             db.session.expire_all()
         db.session.expire_all()
         chat = db.session.get(Chat, chat.id)
-        prompt = sum(count_tokens(m["content"]) for m in build_messages(chat, agent))
+        prompt = sum(count_tokens(m["content"]) for m in build_prompt(chat, agent).messages)
     return f"{size:>9,} | {prompt:>13,} | {full:>19,} | {prompt / full:>6.1%}"
 
 

@@ -14,7 +14,7 @@ from webapp.jobs.compaction import compact_chat
 from webapp.jobs.consolidation import consolidate_chat, consolidate_stale_chats
 from webapp.jobs.queue import rq_queue
 from webapp.models import Chat
-from webapp.prompting.build import build_messages
+from webapp.prompting.build import build_prompt
 from webapp.timeutil import utcnow
 
 
@@ -91,7 +91,7 @@ def test_consolidated_idle_chats_stay_out_of_other_conversations(idle, recent, a
 
     consolidate_chat(idle.id)
 
-    context = build_messages(recent, ada)[-1]["content"]
+    context = build_prompt(recent, ada).messages[-1]["content"]
     assert "Roses and their pests." not in context and "Idle garden talk" not in context
 
 

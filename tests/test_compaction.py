@@ -36,7 +36,7 @@ def test_the_settings_have_the_specs_defaults(app):
 
 
 def test_not_triggered_below_the_threshold(app, chat, admin, fake_llm):
-    chat.compaction_threshold, chat.compaction_keep_recent = 10, 3
+    app.config["COMPACTION_THRESHOLD"], app.config["COMPACTION_KEEP_RECENT"] = 10, 3
     _fill(chat, admin, 5)
 
     assert compact_if_needed(chat) is False
@@ -45,7 +45,7 @@ def test_not_triggered_below_the_threshold(app, chat, admin, fake_llm):
 
 
 def test_triggered_above_the_threshold_summarizes_all_but_the_recent(app, chat, admin, fake_llm):
-    chat.compaction_threshold, chat.compaction_keep_recent = 5, 2
+    app.config["COMPACTION_THRESHOLD"], app.config["COMPACTION_KEEP_RECENT"] = 5, 2
     rows = _fill(chat, admin, 6)
     before = _snapshot(chat)
     fake_llm.reply("- Summary: talked about Python.")
@@ -71,7 +71,7 @@ def test_triggered_above_the_threshold_summarizes_all_but_the_recent(app, chat, 
 
 def test_appends_to_an_existing_memory_doc(app, chat, admin, fake_llm):
     chat.memory_doc = "# Existing\nUser likes cats."
-    chat.compaction_threshold, chat.compaction_keep_recent = 3, 1
+    app.config["COMPACTION_THRESHOLD"], app.config["COMPACTION_KEEP_RECENT"] = 3, 1
     _fill(chat, admin, 4)
     fake_llm.reply("Summary: discussed dogs.")
 
@@ -83,7 +83,7 @@ def test_appends_to_an_existing_memory_doc(app, chat, admin, fake_llm):
 
 
 def test_the_next_compaction_starts_after_the_cut(app, chat, admin, fake_llm):
-    chat.compaction_threshold, chat.compaction_keep_recent = 3, 1
+    app.config["COMPACTION_THRESHOLD"], app.config["COMPACTION_KEEP_RECENT"] = 3, 1
     _fill(chat, admin, 4)
     compact_chat(chat.id)
     _fill(chat, admin, 3)
@@ -96,7 +96,7 @@ def test_the_next_compaction_starts_after_the_cut(app, chat, admin, fake_llm):
 
 
 def test_a_failed_summary_changes_nothing_and_is_retried(app, chat, admin, fake_llm):
-    chat.compaction_threshold, chat.compaction_keep_recent = 3, 1
+    app.config["COMPACTION_THRESHOLD"], app.config["COMPACTION_KEEP_RECENT"] = 3, 1
     _fill(chat, admin, 4)
     fake_llm.fail(503, "down")
 
@@ -119,16 +119,16 @@ def test_global_settings_apply_without_overrides(app, chat, admin, fake_llm):
 
 
 def test_the_prompt_holds_the_summary_and_only_messages_after_the_cut(app, chat, admin, fake_llm):
-    from webapp.prompting.build import build_messages
+    from webapp.prompting.build import build_prompt
 
-    chat.compaction_threshold, chat.compaction_keep_recent = 3, 1
+    app.config["COMPACTION_THRESHOLD"], app.config["COMPACTION_KEEP_RECENT"] = 3, 1
     _fill(chat, admin, 4)
     fake_llm.reply("- Dana counted to three.")
     compact_chat(chat.id)
     db.session.expire_all()
     chat = db.session.get(Chat, chat.id)
 
-    messages = build_messages(chat, chat.agents[0])
+    messages = build_prompt(chat, chat.agents[0]).messages
 
     assert messages[1]["role"] == "system" and messages[1]["content"].startswith(
         "# Conversation so far\n\n## Through"
@@ -140,7 +140,7 @@ def test_the_prompt_holds_the_summary_and_only_messages_after_the_cut(app, chat,
 def test_compaction_never_runs_on_the_reply_path(app, chat, admin, fake_llm):
     from webapp.jobs.replies import request_replies, respond
 
-    chat.compaction_threshold, chat.compaction_keep_recent = 5, 2
+    app.config["COMPACTION_THRESHOLD"], app.config["COMPACTION_KEEP_RECENT"] = 5, 2
     _fill(chat, admin, 8)
     [reply] = request_replies(chat, chat.agents)
     db.session.commit()
@@ -155,7 +155,7 @@ def test_compaction_never_runs_on_the_reply_path(app, chat, admin, fake_llm):
 
 def test_sending_a_message_past_the_threshold_queues_a_compaction(app, client, auth, admin, chat):
     auth.login(admin)
-    chat.compaction_threshold = 3
+    app.config["COMPACTION_THRESHOLD"] = 3
     _fill(chat, admin, 3)
 
     client.post(f"/chats/{chat.id}/messages", data={"content": "one more"})
@@ -165,7 +165,7 @@ def test_sending_a_message_past_the_threshold_queues_a_compaction(app, client, a
 
 @pytest.mark.parametrize("size", [100, 1_000, 10_000])
 def test_prompt_input_stays_bounded_however_long_the_chat(app, chat, admin, size):
-    from webapp.prompting.build import build_messages
+    from webapp.prompting.build import build_prompt
     from webapp.timeutil import utcnow
     from webapp.tokens import count_tokens
 
@@ -178,7 +178,7 @@ def test_prompt_input_stays_bounded_however_long_the_chat(app, chat, admin, size
     db.session.execute(sa.insert(Message), rows)
     db.session.commit()
 
-    tokens = sum(count_tokens(m["content"]) for m in build_messages(chat, chat.agents[0]))
+    tokens = sum(count_tokens(m["content"]) for m in build_prompt(chat, chat.agents[0]).messages)
 
     assert tokens <= app.config["TRANSCRIPT_TOKEN_BUDGET"] + 500
 
@@ -188,7 +188,7 @@ def test_prompt_input_stays_bounded_however_long_the_chat(app, chat, admin, size
 
 def test_the_chat_page_marks_the_cut_and_shows_the_summary(app, client, auth, admin, chat, fake_llm):
     auth.login(admin)
-    chat.compaction_threshold, chat.compaction_keep_recent = 3, 1
+    app.config["COMPACTION_THRESHOLD"], app.config["COMPACTION_KEEP_RECENT"] = 3, 1
     _fill(chat, admin, 4)
     fake_llm.reply("- Dana counted **to three**.")
     compact_chat(chat.id)
@@ -240,7 +240,7 @@ def test_a_long_backlog_is_summarized_a_batch_at_a_time(app, chat, admin, fake_l
     from webapp.tokens import count_tokens
 
     app.config["COMPACTION_MAX_INPUT_TOKENS"] = sum(count_tokens(f"dana: msg {i}") for i in range(3))
-    chat.compaction_threshold, chat.compaction_keep_recent = 3, 1
+    app.config["COMPACTION_THRESHOLD"], app.config["COMPACTION_KEEP_RECENT"] = 3, 1
     _fill(chat, admin, 10)
 
     counts = compact_chat(chat.id)  # one job works through the backlog, one bounded request at a time
@@ -251,13 +251,13 @@ def test_a_long_backlog_is_summarized_a_batch_at_a_time(app, chat, admin, fake_l
 
 
 def test_only_the_newest_summary_sections_within_budget_reach_the_prompt(app, chat):
-    from webapp.prompting.build import build_messages
+    from webapp.prompting.build import build_prompt
 
     app.config["MEMORY_DOC_PROMPT_TOKENS"] = 40
     chat.memory_doc = "\n\n".join(f"## Through day {i}\n\n- " + "fact " * 15 for i in range(10))
     db.session.commit()
 
-    summary = build_messages(chat, chat.agents[0])[1]["content"]
+    summary = build_prompt(chat, chat.agents[0]).messages[1]["content"]
 
     assert summary.startswith("# Conversation so far\n\n(Older parts of this summary are left out.)")
     assert "day 9" in summary and "day 0" not in summary

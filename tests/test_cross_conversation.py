@@ -12,7 +12,7 @@ from tests.querycount import count_queries
 from webapp.extensions import db
 from webapp.jobs.queue import worker_queues
 from webapp.models import ChatAgent, public_ids
-from webapp.prompting.build import build_messages, build_prompt
+from webapp.prompting.build import build_prompt
 from webapp.timeutil import utcnow
 
 NOW = "2026-11-21 12:00:00Z"
@@ -35,7 +35,7 @@ def here(admin, ada, basil):
 
 
 def _context(chat, agent) -> str:
-    return build_messages(chat, agent)[-1]["content"]
+    return build_prompt(chat, agent).messages[-1]["content"]
 
 
 def _run_worker(app) -> None:
@@ -164,7 +164,7 @@ def test_prompt_queries_stay_constant_with_other_conversations_and_borrowed_cont
         )
         db.session.expire_all()
         with count_queries() as counted:
-            build_messages(here, ada)
+            build_prompt(here, ada)
         return counted.count
 
     assert queries_with(1) == queries_with(12)

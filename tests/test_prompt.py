@@ -10,7 +10,7 @@ from webapp.extensions import db
 from webapp.jobs.replies import request_replies, respond
 from webapp.jobs.summaries import summarize
 from webapp.models import ChatAgent
-from webapp.prompting.build import TRUNCATION_NOTE, build_messages
+from webapp.prompting.build import TRUNCATION_NOTE, build_prompt
 from webapp.timeutil import utcnow
 
 NOW = "2026-11-21 12:00:00Z"
@@ -28,7 +28,7 @@ def test_parts_arrive_in_order_with_roles_and_authors(admin):
     factories.memory(ada, "I love roses.", "core")
     factories.memory(ada, "Dana asked about roses.", "journal")
 
-    messages = build_messages(chat, ada)
+    messages = build_prompt(chat, ada).messages
 
     assert messages[0] == {"role": "system", "content": "You are Ada, a botanist."}
     assert messages[1:5] == [
@@ -49,7 +49,7 @@ def test_without_a_system_prompt_the_agent_is_its_name(admin):
     ada = factories.agent(admin.account, "Ada")
     chat = factories.chat(admin.account, [ada])
 
-    assert build_messages(chat, ada)[0] == {"role": "system", "content": "You are Ada."}
+    assert build_prompt(chat, ada).messages[0] == {"role": "system", "content": "You are Ada."}
 
 
 def test_only_active_memory_reaches_the_prompt(admin):
@@ -63,7 +63,7 @@ def test_only_active_memory_reaches_the_prompt(admin):
     other = factories.agent(admin.account, "Basil")
     factories.memory(other, "someone else's memory", "core")
 
-    context = build_messages(chat, ada)[-1]["content"]
+    context = build_prompt(chat, ada).messages[-1]["content"]
 
     assert "kept core" in context and "fresh journal" in context
     for absent in ("deleted core", "faded journal", "deleted journal", "someone else's"):
@@ -80,7 +80,7 @@ def test_a_reply_sees_only_finished_messages_before_it(admin):
     mine = factories.message(chat, "", author=ada, status="pending")
     factories.message(chat, "Later message", author=admin)
 
-    transcript = [m["content"] for m in build_messages(chat, ada, before_message_id=mine.id)[1:-1]]
+    transcript = [m["content"] for m in build_prompt(chat, ada, before_message_id=mine.id).messages[1:-1]]
 
     assert transcript == ["dana: Question?", "Basil: Basil's answer"]
     assert first.id < mine.id
@@ -94,7 +94,7 @@ def test_a_long_history_keeps_the_newest_messages_within_budget_and_says_so(admi
         chat.add_message(role="user", content=f"message {i} " + "word " * 20, user=admin, status="done")
     db.session.commit()
 
-    messages = build_messages(chat, ada)
+    messages = build_prompt(chat, ada).messages
 
     transcript = messages[1:-1]
     assert 1 < len(transcript) < 20
@@ -115,7 +115,7 @@ def test_prompt_assembly_uses_a_constant_number_of_queries(admin, app):
         db.session.commit()
         db.session.expire_all()
         with count_queries() as counted:
-            build_messages(chat, ada)
+            build_prompt(chat, ada)
         return counted.count
 
     assert queries_for(5) == queries_for(200)

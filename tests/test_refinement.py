@@ -13,7 +13,7 @@ from webapp.jobs.refinement import agents_due_query, refine_agent, refine_due, t
 from webapp.models import AgentMemory, AuditLog, JobRun
 from webapp.models.audit import UndoConflict, dedup_for_agent, rollback_session, undo
 from webapp.models.memories import ConstitutionalMemoryError, active_memories, core_token_usage, like_pattern
-from webapp.prompting.build import build_messages
+from webapp.prompting.build import build_prompt
 from webapp.timeutil import utcnow
 from webapp.tools.refinement import RefinementSession
 
@@ -96,7 +96,7 @@ def test_a_deleted_memory_never_reaches_a_prompt(admin, agent):
     db.session.commit()
     chat = factories.chat(admin.account, [agent])
 
-    context = build_messages(chat, agent)[-1]["content"]
+    context = build_prompt(chat, agent).messages[-1]["content"]
 
     assert "visible core" in context and "deleted" not in context
 

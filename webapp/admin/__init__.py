@@ -1,5 +1,7 @@
-"""The admin area, one blueprint under /admin: each agent's memory ledger, the audit log, refinement sessions,
-provenance, run now, and the usage and jobs pages. common.py holds what the pages share."""
+"""The admin area: one blueprint under /admin, its pages one module each and common.py what they share.
+
+Each agent's memory ledger, the audit log, refinement sessions, provenance, run now, and the usage and jobs
+pages."""
 
 from webapp.admin import audit, ledger, provenance, runs, sessions, usage  # noqa: F401  (their routes join bp)
 from webapp.admin.common import bp

@@ -1,4 +1,4 @@
-"""Flask CLI commands, one module per area; each module lists its commands in COMMANDS."""
+"""The `flask` commands: one module per area, each listing its commands in COMMANDS."""
 
 from flask import Flask
 

@@ -1,4 +1,6 @@
-"""Background jobs: one module per job family; plain functions that take ids and record their runs."""
+"""Background jobs: one module per job; queue.py records, queues and locks their runs, schedule.py times them.
+
+Jobs are plain functions that take ids."""
 
 import importlib
 import pkgutil

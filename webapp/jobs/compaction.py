@@ -16,15 +16,12 @@ from webapp.prompting import render
 from webapp.tokens import count_tokens
 
 
-def thresholds(chat: Chat) -> tuple[int, int]:
-    """(threshold, keep_recent) for this chat: its own overrides, else the global settings.
-
-    keep_recent stays below the threshold (config.validate checks the global pair; a chat may override one),
-    so a compaction always has messages to summarize."""
+def thresholds() -> tuple[int, int]:
+    """(threshold, keep_recent) from the settings; keep_recent stays below the threshold (config.validate checks
+    the pair at start-up), so a compaction always has messages to summarize."""
     config = current_app.config
-    threshold = chat.compaction_threshold or config["COMPACTION_THRESHOLD"]
-    keep_recent = chat.compaction_keep_recent or config["COMPACTION_KEEP_RECENT"]
-    return threshold, min(keep_recent, threshold - 1)
+    threshold = config["COMPACTION_THRESHOLD"]
+    return threshold, min(config["COMPACTION_KEEP_RECENT"], threshold - 1)
 
 
 def _after_cut(chat: Chat) -> sa.Select:
@@ -43,7 +40,7 @@ def messages_after_cut(chat: Chat) -> int:
 def compact_if_needed(chat: Chat) -> bool:
     """Enqueue a compaction when the history after the cut passes the threshold; False when none is needed or
     one is already queued or running (it works through the whole backlog)."""
-    threshold, _ = thresholds(chat)
+    threshold, _ = thresholds()
     if messages_after_cut(chat) <= threshold:
         return False
     return enqueue(compact_chat, chat.id) is not None
@@ -69,7 +66,7 @@ def _compact_batch(chat_id: int) -> dict[str, Any]:
     chat = db.session.get(Chat, chat_id)
     if chat is None:
         return {"skipped": "no such chat"}
-    threshold, keep_recent = thresholds(chat)
+    threshold, keep_recent = thresholds()
     messages = db.session.scalars(
         _after_cut(chat).options(joinedload(Message.user), joinedload(Message.agent)).order_by(Message.id)
     ).all()

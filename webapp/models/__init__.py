@@ -1,4 +1,4 @@
-"""The data model: one module per aggregate, all importable from here."""
+"""The data and its verbs: one module per aggregate (memory scopes, the audit trail), importable from here."""
 
 from webapp.models.accounts import Account, User, UserSession
 from webapp.models.agents import Agent

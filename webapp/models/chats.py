@@ -33,10 +33,6 @@ class Chat(db.Model):
     # Spec 004: summary of the history up to compacted_through_message_id.
     memory_doc: Mapped[str] = mapped_column(sa.Text, default="")
     compacted_through_message_id: Mapped[int | None]
-    # Per-chat overrides of the global compaction settings (None: use the global default).
-    compaction_threshold: Mapped[int | None]
-    compaction_keep_recent: Mapped[int | None]
-    transcript_token_budget: Mapped[int | None]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
     # Activity means a new message: set when one is added (the creation time until then), never by the jobs

@@ -1,5 +1,6 @@
-"""Prompts: templates as files in templates/ (Jinja, plain text out), filled in by `render`; build.py assembles
-the messages of an agent's reply."""
+"""Prompts: the templates (templates/, filled in by `render`) and build.py, which assembles a reply's messages.
+
+Templates are Jinja files with plain text out."""
 
 from pathlib import Path
 

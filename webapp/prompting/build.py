@@ -58,11 +58,6 @@ class Prompt:
     sources: Sources = field(default_factory=Sources)
 
 
-def build_messages(chat: Chat, agent: Agent, *, before_message_id: int | None = None) -> list[dict[str, Any]]:
-    """The OpenAI messages for `agent` answering in `chat`, seeing the finished messages before the given id."""
-    return build_prompt(chat, agent, before_message_id=before_message_id).messages
-
-
 def build_prompt(chat: Chat, agent: Agent, *, before_message_id: int | None = None) -> Prompt:
     """The messages for an activation, and the borrowed context they include."""
     now = utcnow()
@@ -217,7 +212,7 @@ def _transcript(chat: Chat, agent: Agent, before_message_id: int | None) -> tupl
     if chat.compacted_through_message_id:
         query = query.where(Message.id > chat.compacted_through_message_id)
     newest_first = list(db.session.scalars(query))
-    budget = chat.transcript_token_budget or current_app.config["TRANSCRIPT_TOKEN_BUDGET"]
+    budget = current_app.config["TRANSCRIPT_TOKEN_BUDGET"]
     kept: list[dict[str, str]] = []
     used = 0
     for message in newest_first[:limit]:
