@@ -11,8 +11,9 @@ def fragment_requested(target: str) -> bool:
     return request.headers.get("HX-Target") == target
 
 
-def page_or_fragment(page: str, fragments: dict[str, str], **context: Any) -> Response:
-    """The full `page`, or the template `fragments` names for the element HTMX asks to swap."""
+def page_or_fragment(page: str, fragments: dict[str, str], /, **context: Any) -> Response:
+    """The full `page`, or the template `fragments` names for the element HTMX asks to swap (any context key is
+    free, `page` included: the two templates are positional only)."""
     chosen = next((fragment for target, fragment in fragments.items() if fragment_requested(target)), page)
     response = Response(render_template(chosen, **context))
     response.vary.add("HX-Request")
