@@ -4,6 +4,11 @@ It rides out a Redis outage: RQ retries its dequeue with backoff, the worker reg
 lost its data, and any other Redis error that ends RQ's work loop starts a fresh worker once Redis answers.
 It serves the reply queue before the background queue, and sweeps for lost or interrupted work (webapp.jobs.queue)
 in a thread: the sweep must run exactly when Redis lost its data, so it cannot itself be a job in Redis.
+
+Jobs run in the worker's own process, one after another, not in a work horse forked per job: a fork cost each
+job a cold start (new database and Redis connections, SQLAlchemy's statement cache and the model client's
+connection pool empty again), about half a second above the model call (bench/job_overhead.py). A job killed
+with its worker (kill -9, OOM) is found by the sweep of another worker, as its run's lock stops being renewed.
 """
 
 import logging
@@ -20,7 +25,7 @@ from redis import Redis
 from redis.client import Pipeline
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from rq import Queue, Worker
+from rq import Queue, SimpleWorker
 from rq.executions import Execution
 from rq.job import Job
 
@@ -34,8 +39,8 @@ log = logging.getLogger("rq.worker")  # printed by the handler RQ sets up
 RECONNECT_DELAYS = [0.5, 1, 2, 5]  # seconds between attempts while Redis is unreachable, the last repeated
 
 
-class AppWorker(Worker):
-    """Runs each job (in its forked work horse) inside a fresh app context."""
+class AppWorker(SimpleWorker):
+    """Runs each job in this process (no fork), inside a fresh app context."""
 
     app = None
     max_connection_wait_time = 5.0  # RQ's dequeue backoff cap: back within seconds of Redis returning
@@ -43,7 +48,6 @@ class AppWorker(Worker):
 
     def perform_job(self, job: Job, queue: Queue, execution: Execution) -> bool:
         with self.app.app_context():
-            db.engine.dispose(close=False)  # the parent's pooled connections belong to its sweep thread
             try:
                 return super().perform_job(job, queue, execution)
             finally:
@@ -73,10 +77,8 @@ def wait_until_reachable(connection: Redis) -> None:
 
 
 def preload(app: Flask) -> None:
-    """Load once, in the parent, what every job would otherwise load again in its freshly forked work horse:
-    the tokenizer (over a second), the job modules, the prompt templates, the model client's API classes and
-    response validators, and the ORM mappers. Nothing here opens a connection, which a fork must not share (the
-    sweep thread's database connections are dropped, unclosed, by each work horse)."""
+    """Load at start what the first job would otherwise wait for: the tokenizer (over a second), the job modules,
+    the prompt templates, the model client's API classes and response validators, and the ORM mappers."""
     tokens.encoder()
     jobs.load_all()
     prompting.compile_all()

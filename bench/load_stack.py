@@ -44,10 +44,11 @@ class Stack:
     processes: list[subprocess.Popen] = field(default_factory=list)
 
 
-def database_url() -> str:
+def database_url(name: str = "cairn_bench_load") -> str:
+    """BENCH_DATABASE_URL, or the local cluster's database `name` (created when missing)."""
     if os.environ.get("BENCH_DATABASE_URL"):
         return os.environ["BENCH_DATABASE_URL"]
-    env = {**os.environ, "CAIRN_TEST_DB": "cairn_bench_load"}
+    env = {**os.environ, "CAIRN_TEST_DB": name}
     return subprocess.run(
         [ROOT / "scripts/start-postgres.sh"], env=env, check=True, capture_output=True, text=True
     ).stdout.strip()

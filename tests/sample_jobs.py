@@ -1,5 +1,7 @@
 """Jobs used only by the queue tests (RQ imports them by dotted path in the worker)."""
 
+import os
+
 from webapp.jobs.queue import recorded_job
 from webapp.llm import LLMError
 
@@ -17,3 +19,8 @@ def fails_for_good() -> None:
 @recorded_job("sample_model_down")
 def model_is_down() -> None:
     raise LLMError("The model returned HTTP 503: busy", retryable=True)
+
+
+@recorded_job("sample_pid")
+def process_id() -> dict:
+    return {"pid": os.getpid()}

@@ -95,7 +95,7 @@ def test_make_run_survives_crashes_of_worker_scheduler_and_redis_and_stops_clean
     try:
         wait_for(lambda: _healthy(port), seconds=60, what="GET /healthz to report all up")
         wait_for(lambda: "Cairn is up at" in output_file.read_text(), what="the URL to be printed")
-        web = _processes_of(instance, "flask run")
+        web = _processes_of(instance, "gunicorn")
         for crashed in ("worker.py", "schedule run", "redis-server"):
             before = _processes_of(instance, crashed)
             for pid in before:
@@ -106,7 +106,7 @@ def test_make_run_survives_crashes_of_worker_scheduler_and_redis_and_stops_clean
         wait_for(lambda: _enqueue_ping(env), seconds=60, what="a job to be enqueued")
         wait_for(lambda: "Job OK" in output_file.read_text(), seconds=60, what="the job to run")
         wait_for(lambda: _healthy(port), seconds=60, what="GET /healthz to report all up again")
-        assert _processes_of(instance, "flask run") == web, "web was restarted"
+        assert _processes_of(instance, "gunicorn") == web, "web was restarted"
     finally:
         os.killpg(honcho.pid, signal.SIGINT)  # what Ctrl-C in the terminal sends
         honcho.wait(30)
@@ -149,8 +149,8 @@ def _healthy(port: int) -> dict | None:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:
             return json.load(response)
-    except (urllib.error.URLError, ConnectionError):
-        return None  # not up yet, or 503 while a component is still starting
+    except (urllib.error.URLError, OSError):
+        return None  # not up yet (gunicorn listens before its worker has loaded the app), or 503 while starting
 
 
 def test_a_real_worker_consolidates_a_chat_with_concurrent_agents(live_app, fake_llm):

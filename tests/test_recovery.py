@@ -50,7 +50,7 @@ class RedisServer:
 
 
 class Workers:
-    """Real `python worker.py` processes, each with its work horse in a session of its own."""
+    """Real `python worker.py` processes, each in a session of its own (its jobs run in it)."""
 
     def __init__(self, app, **env: str) -> None:
         self.env = {**worker_env(app), **env}
@@ -64,7 +64,7 @@ class Workers:
         return worker
 
     def kill(self, worker: subprocess.Popen) -> None:
-        """kill -9 the worker and its work horse (RQ puts the horse in a process group of its own)."""
+        """kill -9 the worker, with the job it is running, and anything it started."""
         subprocess.run(["pkill", "-KILL", "-P", str(worker.pid)], check=False)
         os.killpg(worker.pid, signal.SIGKILL)
         worker.wait(10)

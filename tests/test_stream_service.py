@@ -1,10 +1,12 @@
-"""The stream service as README's Production section runs it: gunicorn's gevent worker holds open streams as
-greenlets, so one process with a single worker keeps answering pages while many streams wait."""
+"""The stream service as README's Production section runs it, and the web process of `make run`, which serves
+pages and streams the same way: gunicorn's gevent worker holds open streams as greenlets, so one process with a
+single worker keeps answering pages while many streams wait."""
 
 import re
 import socket
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx2 as httpx  # the HTTP client the openai SDK brings
@@ -13,6 +15,7 @@ import pytest
 from tests import factories
 from tests.conftest import free_port, wait_for, worker_env
 from webapp import events
+from webapp.runtime.processes import web_argv
 
 pytestmark = pytest.mark.integration
 
@@ -20,12 +23,9 @@ ROOT = Path(__file__).resolve().parent.parent
 STREAMS = 150  # far more than a gthread worker's threads (8) and a Redis pool's connections (100)
 
 
-@pytest.fixture
-def stream_service(live_app):
-    port = free_port()
-    env = {**worker_env(live_app), "STREAM_MAX_PER_USER": str(STREAMS), "STREAM_KEEPALIVE_SECONDS": "1"}
+def _production_argv(port: int) -> list[str]:
     gunicorn = Path(sys.executable).parent / "gunicorn"
-    argv = [
+    return [
         str(gunicorn),
         "--worker-class",
         "gevent",
@@ -35,7 +35,13 @@ def stream_service(live_app):
         f"127.0.0.1:{port}",
         "app:app",
     ]
-    server = subprocess.Popen(argv, cwd=ROOT, env=env)
+
+
+@pytest.fixture(params=[_production_argv, web_argv], ids=["production stream service", "make run web"])
+def stream_service(request, live_app):
+    port = free_port()
+    env = {**worker_env(live_app), "STREAM_MAX_PER_USER": str(STREAMS), "STREAM_KEEPALIVE_SECONDS": "1"}
+    server = subprocess.Popen(request.param(port), cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     wait_for(lambda: _status(url + "/login") == 200, what="gunicorn (gevent)")
     yield url
@@ -70,6 +76,19 @@ def _open_stream(url: str, path: str, cookie: str) -> socket.socket:
     return conn
 
 
+def _posted_at_once(pages: httpx.Client, chat_id: int, count: int) -> list[int]:
+    token = re.search(r'"X-CSRFToken": "([^"]+)"', pages.get("/chats/").text).group(1)
+    headers = {"X-CSRFToken": token, "HX-Request": "true"}
+
+    def post(n: int) -> int:
+        return pages.post(
+            f"/chats/{chat_id}/messages", data={"content": f"hello {n}"}, headers=headers
+        ).status_code
+
+    with ThreadPoolExecutor(count) as pool:
+        return list(pool.map(post, range(count)))
+
+
 def test_many_open_streams_do_not_starve_pages_and_close_when_browsers_leave(live_app, stream_service):
     admin = factories.user(factories.account("Acme"), "dana@example.com", "admin")
     chat = factories.chat(admin.account, [factories.agent(admin.account, "Ada")])
@@ -77,6 +96,10 @@ def test_many_open_streams_do_not_starve_pages_and_close_when_browsers_leave(liv
     streams = [_open_stream(stream_service, f"/chats/{chat.id}/stream", cookie) for _ in range(STREAMS)]
 
     assert httpx.get(stream_service + "/login", timeout=5).status_code == 200
+    pages = httpx.Client(base_url=stream_service, headers={"Cookie": cookie}, timeout=5)
+    assert pages.get(f"/chats/{chat.id}").status_code == 200  # a signed-in page, with its queries
+    other = factories.chat(admin.account, [factories.agent(admin.account, "Basil")])
+    assert _posted_at_once(pages, other.id, 8) == [200] * 8  # concurrent writes, each with Redis calls
     assert events.open_stream_count(admin.id) == STREAMS
     events.publish(chat.id, "delta", 7, "hello")
     for conn in streams:

@@ -1,22 +1,37 @@
-"""The worker loads what every job needs once, before RQ forks a work horse per job (11.4): a forked horse
-finds the tokenizer, the job functions and the prompt templates already in memory."""
+"""A job costs nothing above its own work (11.4): the worker loads what jobs need once, at start, and runs each
+job in its own process (no work horse forked per job, which started every job cold: new connections, empty
+statement caches)."""
 
-import os
+import sqlalchemy as sa
 
 import worker
+from tests import sample_jobs
+from tests.conftest import wait_for
 from webapp import prompting, tokens
-from webapp.jobs.queue import JOB_TYPES
+from webapp.extensions import db
+from webapp.jobs.queue import JOB_TYPES, enqueue
+from webapp.models import JobRun
 
 
-def test_preload_leaves_nothing_expensive_for_the_work_horse(app):
+def test_preload_loads_the_tokenizer_jobs_and_templates(app):
     tokens.encoder.cache_clear()
 
     worker.preload(app)
 
-    pid = os.fork()
-    if pid == 0:  # the work horse: it must not have to load the tokenizer again
-        os._exit(0 if tokens.encoder.cache_info().currsize == 1 else 1)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+    assert tokens.encoder.cache_info().currsize == 1
     assert {"reply", "consolidate", "summarize"} <= set(JOB_TYPES)
     assert len(prompting._env.cache) >= 5  # every prompt template parsed
+
+
+def test_jobs_run_in_the_worker_process_itself(live_app, worker_process):
+    for _ in range(2):
+        enqueue(sample_jobs.process_id)
+    db.session.commit()
+
+    def finished() -> list[JobRun]:
+        db.session.expire_all()
+        runs = db.session.scalars(sa.select(JobRun).where(JobRun.job_type == "sample_pid")).all()
+        return runs if [r.status for r in runs] == ["done", "done"] else []
+
+    runs = wait_for(finished, 60, "both jobs")
+    assert [r.counts["pid"] for r in runs] == [worker_process.pid, worker_process.pid]

@@ -3,6 +3,7 @@
 import json
 import os
 import secrets
+import sys
 from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
@@ -61,6 +62,22 @@ def _prices() -> dict[str, dict[str, float]]:
         raise ConfigError(f"MODEL_PRICES must be JSON ({error}).") from None
 
 
+def _engine_options(database_uri: str) -> dict:
+    """Under gevent (the web process of `make run`, any stream service), SQLite waits for another writer's
+    lock by sleeping inside SQLite, which holds up every greenlet of the process, the lock's holder among them
+    when it is one: there, greenlets take turns on one connection (a request holds it until it ends; a
+    waiting stream holds none)."""
+    options: dict = {"pool_pre_ping": True}
+    if database_uri.startswith("sqlite") and _under_gevent():
+        options.update(pool_size=1, max_overflow=0)
+    return options
+
+
+def _under_gevent() -> bool:
+    monkey = sys.modules.get("gevent.monkey")  # imported only where gevent patched the standard library
+    return monkey is not None and monkey.is_module_patched("socket")
+
+
 def load(instance_path: str) -> dict:
     """The app's settings: defaults overridden by environment variables."""
     Path(instance_path).mkdir(parents=True, exist_ok=True)
@@ -76,7 +93,7 @@ def load(instance_path: str) -> dict:
         "REMEMBER_COOKIE_SECURE": scheme == "https",
         "REMEMBER_COOKIE_DURATION": timedelta(days=30),
         "SQLALCHEMY_DATABASE_URI": _database_uri(instance_path),
-        "SQLALCHEMY_ENGINE_OPTIONS": {"pool_pre_ping": True},
+        "SQLALCHEMY_ENGINE_OPTIONS": _engine_options(_database_uri(instance_path)),
         # No REDIS_URL: the project runs an embedded redis-server on a unix socket in instance/.
         "EMBEDDED_REDIS": not os.environ.get("REDIS_URL"),
         "REDIS_URL": os.environ.get("REDIS_URL") or f"unix://{Path(instance_path) / 'redis.sock'}",

@@ -28,7 +28,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from webapp import config
 from webapp.runtime.supervisor import Service, Supervisor
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]  # webapp/runtime/ -> the project
 LLM_START_SECONDS = 120  # loading the model, on a slow machine
 SELF_TEST_PROMPT = "Count from one to five."
 DEMO_LOGIN = ("admin@cairn.local", "cairn-demo")
@@ -160,6 +160,24 @@ def _complete(base_url: str) -> int:
     return int(answer["usage"]["completion_tokens"])
 
 
+def web_argv(port: int | str) -> list[str]:
+    """The web process of `make run`: pages and live streams from one gunicorn gevent worker, as production's
+    stream service runs (README, Production). An open stream is a waiting greenlet, not a thread, so open chat
+    tabs cannot use up what pages need; each user may hold STREAM_MAX_PER_USER of them."""
+    gunicorn = str(Path(sys.executable).parent / "gunicorn")
+    return [
+        gunicorn,
+        "--worker-class", "gevent",
+        "--workers", "1",
+        "--worker-connections", "2000",
+        "--graceful-timeout", "3",  # open streams end at Ctrl-C, before the supervisor's grace runs out
+        "--bind", f"127.0.0.1:{port}",
+        "--access-logfile", "-",
+        "--access-logformat", '%(h)s "%(r)s" %(s)s %(b)s',
+        "app:app",
+    ]  # fmt: skip
+
+
 def procfile_names(settings: dict) -> list[str]:
     """The Procfile processes to start: web, worker, scheduler, the embedded services when needed, ready."""
     names = ["web", "worker", "scheduler"]
@@ -175,8 +193,7 @@ def service(name: str, settings: dict, instance: Path) -> Service:
     python = sys.executable
     flask = str(Path(python).parent / "flask")
     if name == "web":
-        port = os.environ.get("PORT", "5000")
-        return Service(name, [flask, "run", "--host", "127.0.0.1", "--port", port, "--with-threads"])
+        return Service(name, web_argv(os.environ.get("PORT", "5000")))
     if name == "worker":
         return Service(name, [python, str(PROJECT_ROOT / "worker.py")])
     if name == "scheduler":

@@ -48,10 +48,10 @@ class Check:
 
 def check_database() -> Check:
     url = make_url(current_app.config["SQLALCHEMY_DATABASE_URI"]).render_as_string(hide_password=True)
-    try:
-        with db.engine.connect() as conn:
-            conn.execute(sa.text("SELECT 1"))
+    try:  # on the request's own connection: a process under gevent may have only one (config._engine_options)
+        db.session.execute(sa.text("SELECT 1"))
     except sa.exc.SQLAlchemyError as e:
+        db.session.rollback()
         return Check(False, f"cannot connect to {url}: {e.__class__.__name__}: {_first_line(e)}")
     return Check(True, url)
 
