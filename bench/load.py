@@ -176,6 +176,21 @@ def job_overhead_ms(since_run_id: int) -> list[float]:
     return [(r.finished_at - r.started_at).total_seconds() * 1000 - (model.get(r.id) or 0) for r in runs]
 
 
+def summary_runs(since_run_id: int) -> dict[str, int]:
+    """Summary runs of this run: all, the ones that found the summary fresh (a duplicate queued while another
+    was waiting would), and the model calls they made."""
+    runs = db.session.scalars(
+        sa.select(JobRun).where(JobRun.id > since_run_id, JobRun.job_type == "summarize")
+    ).all()
+    calls = db.session.scalar(
+        sa.select(sa.func.count())
+        .select_from(LlmCall)
+        .where(LlmCall.job_run_id > since_run_id, LlmCall.purpose == "summarize")
+    )
+    fresh = sum(1 for r in runs if (r.counts or {}).get("fresh"))
+    return {"runs": len(runs), "fresh": fresh, "calls": calls}
+
+
 def drain(seconds: float = 120) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -208,6 +223,11 @@ def run(stack, users: int, seconds: float) -> None:
     elapsed = time.perf_counter() - started
     drain()
     _print(users, figures, elapsed, audit(figures.sent, since_message), job_overhead_ms(since_run))
+    print(
+        "  summary runs {runs}, of which found the summary fresh {fresh}; summary model calls {calls}".format(
+            **summary_runs(since_run)
+        )
+    )
 
 
 def _ms(values: list[float], pct: float) -> str:

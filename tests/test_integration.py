@@ -150,7 +150,7 @@ def _healthy(port: int) -> dict | None:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:
             return json.load(response)
     except (urllib.error.URLError, OSError):
-        return None  # not up yet (gunicorn listens before its worker has loaded the app), or 503 while starting
+        return None  # not up yet (gunicorn listens before its worker loaded the app), or 503 while starting
 
 
 def test_a_real_worker_consolidates_a_chat_with_concurrent_agents(live_app, fake_llm):
