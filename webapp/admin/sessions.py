@@ -14,13 +14,12 @@ from webapp.admin.entries import Entry, build_entries, entry_query
 from webapp.admin.runs import CLOSING
 from webapp.extensions import db
 from webapp.models import Agent, AuditLog, User
-from webapp.models.audit import UndoConflict, rollback_session
+from webapp.models.audit import ROLLED_BACK, UndoConflict, roll_back_session
 from webapp.timeutil import utcnow
 from webapp.web.auth import admin_required, owned_or_404
 from webapp.web.fragments import page_or_fragment
 
 START = "memory_refinement_start"
-ROLLED_BACK = "memory_refinement_rolled_back"
 UNFINISHED_AFTER = timedelta(hours=1)  # a session this old without a closing row lost its worker
 SESSIONS_PER_PAGE = 25
 
@@ -157,21 +156,11 @@ def rollback(session_id: str) -> ResponseReturnValue:
     if refusal:
         return answer("memories/_session.html", 422, url, refusal, **context, error=refusal)
     try:
-        restored = rollback_session(session_id, user_id=current_user.id, via="admin")
+        row = roll_back_session(context["agent"], session_id, user_id=current_user.id, via="admin")
     except UndoConflict as conflict:
         db.session.rollback()
         return answer("memories/_session.html", 422, url, str(conflict), **context, error=str(conflict))
-    agent = context["agent"]
-    AuditLog.record(
-        ROLLED_BACK,
-        agent,
-        account_id=agent.account_id,
-        agent_id=agent.id,
-        user_id=current_user.id,
-        session_id=session_id,
-        via="admin",
-        restored=restored,
-    )
     db.session.commit()
+    restored = row.data["restored"]
     done = f"Rolled back: {restored} change{'' if restored == 1 else 's'} undone."
     return answer("memories/_session.html", 200, url, done, **_session_context(session_id), done=done)

@@ -17,7 +17,7 @@ from webapp.extensions import db
 from webapp.jobs.queue import enqueue, recorded_job
 from webapp.llm import LLMError
 from webapp.models import Agent, AuditLog, JobRun
-from webapp.models.audit import dedup_for_agent, session_rows
+from webapp.models.audit import ROLLED_BACK, dedup_for_agent, session_rows
 from webapp.models.memories import core_memories, core_token_usage, core_tokens, needs_refinement
 from webapp.prompting import render
 from webapp.prompting.build import memory_budget
@@ -30,7 +30,7 @@ START = "memory_refinement_start"
 CLOSING = (
     "memory_refinement_complete",
     "memory_refinement_incomplete",
-    "memory_refinement_rolled_back",
+    ROLLED_BACK,
     "memory_refinement_interrupted",
 )
 

@@ -7,8 +7,11 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Mapped, mapped_column
 
 from webapp.extensions import JSON, db
-from webapp.models.memories import AgentMemory, core_memories
+from webapp.models.agents import Agent
+from webapp.models.memories import AgentMemory, core_memories, core_token_usage
 from webapp.timeutil import utcnow
+
+ROLLED_BACK = "memory_refinement_rolled_back"
 
 
 class AuditLog(db.Model):
@@ -141,6 +144,28 @@ def rollback_session(session_id: str, *, user_id: int | None, via: str) -> int:
         )
         restored += 1
     return restored
+
+
+def roll_back_session(
+    agent: Agent, session_id: str, *, user_id: int | None, via: str, **closing: Any
+) -> AuditLog:
+    """Roll a refinement session back (rollback_session) and add the one row saying so, on the agent: by a
+    person (user_id), or by the session's own circuit breaker (closing: its reason, stats and token figures).
+
+    The only writer of ROLLED_BACK; refuses with UndoConflict as rollback_session does."""
+    restored = rollback_session(session_id, user_id=user_id, via=via)
+    return AuditLog.record(
+        ROLLED_BACK,
+        agent,
+        account_id=agent.account_id,
+        agent_id=agent.id,
+        user_id=user_id,
+        session_id=session_id,
+        via=via,
+        restored=restored,
+        tokens_after=core_token_usage(agent.id),
+        **closing,
+    )
 
 
 def dedup_for_agent(agent_id: int, *, session_id: str | None, via: str) -> int:

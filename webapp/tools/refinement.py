@@ -11,7 +11,7 @@ from typing import Any
 
 from webapp.extensions import db
 from webapp.models import Agent, AgentMemory, AuditLog
-from webapp.models.audit import record_change, rollback_session
+from webapp.models.audit import record_change, roll_back_session
 from webapp.models.memories import core_memories, core_token_usage, like_pattern, token_pages
 from webapp.timeutil import utcnow
 
@@ -235,30 +235,37 @@ class RefinementSession:
     def close(self, action: str, **data: Any) -> None:
         """Write the session's closing audit row (with stats and token figures) and stamp the agent."""
         self.agent.last_refinement_at = utcnow()
-        tokens_after = core_token_usage(self.agent.id)
         AuditLog.record(
             action,
             self.agent,
             account_id=self.agent.account_id,
             agent_id=self.agent.id,
             session_id=self.session_id,
-            stats=self.stats,
-            mutations=self.mutations,
-            tokens_before=self.start_tokens,
-            tokens_after=tokens_after,
+            tokens_after=core_token_usage(self.agent.id),
+            **self._figures(),
             **data,
         )
         db.session.commit()
+
+    def _figures(self) -> dict[str, Any]:
+        """What every closing row says about the session: its stats and the core tokens it started with."""
+        return {"stats": self.stats, "mutations": self.mutations, "tokens_before": self.start_tokens}
 
     def _check_floor(self) -> dict[str, Any] | None:
         """Roll the whole session back if core memory fell below the floor; None when it is fine."""
         usage = core_token_usage(self.agent.id)
         if usage >= self.floor * self.start_tokens:
             return None
-        restored = rollback_session(self.session_id, user_id=None, via=VIA)
-        self.close(
-            "memory_refinement_rolled_back", reason=f"core memory fell to {usage} tokens", restored=restored
+        self.agent.last_refinement_at = utcnow()
+        roll_back_session(
+            self.agent,
+            self.session_id,
+            user_id=None,
+            via=VIA,
+            reason=f"core memory fell to {usage} tokens",
+            **self._figures(),
         )
+        db.session.commit()
         self.status = "rolled_back"
         return _error(
             f"Core memory fell to {usage} tokens, below {self.floor:.0%} of the {self.start_tokens} it started "
