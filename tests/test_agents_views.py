@@ -58,6 +58,17 @@ def test_an_unknown_tool_is_refused(client, auth, admin):
     assert "&#39;rm_rf&#39; is not a valid choice" in response.text
 
 
+def test_the_refinement_tool_is_not_a_reply_tool_to_enable(client, auth, admin):
+    auth.login(admin)
+
+    form = client.get("/agents/new")
+    response = client.post("/agents/new", data={**VALID, "enabled_tools": ["refine_memory"]})
+
+    assert 'value="save_memory"' in form.text and "refine_memory" not in form.text
+    assert response.status_code == 422
+    assert "&#39;refine_memory&#39; is not a valid choice" in response.text
+
+
 def test_edit_an_agent(client, auth, admin):
     auth.login(admin)
     agent = factories.agent(admin.account, "Ada")

@@ -375,6 +375,53 @@ def test_the_job_runs_a_session_with_the_agents_model_after_dedup(app, agent, fa
     ]
 
 
+@pytest.mark.parametrize(
+    ("name", "arguments", "error"),
+    [
+        ("refine_memory", '{"action": ', "Invalid arguments for refine_memory: arguments are not valid JSON"),
+        ("refine_memory", {"query": "tea"}, "arguments: 'action' is a required property"),
+        ("refine_memory", {"action": "explode"}, "action: 'explode' is not one of ['page', 'search'"),
+        ("refine_memory", {"action": "search", "query": ["tea"]}, "query: ['tea'] is not of type 'string'"),
+        (
+            "save_memory",
+            {"content": "x", "memory_type": "core"},
+            "no tool named 'save_memory'. Available: refine",
+        ),
+    ],
+)
+def test_the_job_checks_each_call_as_every_tool_is_checked(app, agent, fake_llm, name, arguments, error):
+    memory = factories.memory(agent, "something")
+    _script(fake_llm, (name, arguments), _call("complete", summary="ok"))
+
+    counts = refine_agent(agent.id, force=True)
+
+    result = json.loads(fake_llm.requests[1]["messages"][-1]["content"])
+    assert error in result["error"]
+    assert counts["status"] == "complete" and _actions(counts["session_id"])[-2:] == [
+        "memory_create",
+        "memory_refinement_complete",
+    ]  # the model read the error and went on; nothing else changed
+    assert db.session.get(AgentMemory, memory.id).content == "something"
+
+
+def test_memory_and_page_numbers_may_be_numbers(app, agent, fake_llm):
+    memory = factories.memory(agent, "a fairly long memory about the garden and the roses in it")
+    _script(
+        fake_llm,
+        _call("page", page=1),
+        _call("update", id=memory.id, content="garden and roses in it"),
+        _call("complete", summary="ok"),
+    )
+
+    counts = refine_agent(agent.id, force=True)
+
+    page = json.loads(fake_llm.requests[1]["messages"][-1]["content"])
+    assert page["type"] == "page" and page["results"][0]["id"] == memory.id
+    assert (
+        counts["updated"] == 1 and db.session.get(AgentMemory, memory.id).content == "garden and roses in it"
+    )
+
+
 def test_a_session_with_no_complete_call_closes_as_incomplete(app, agent, fake_llm):
     app.config["REFINEMENT_TOKEN_FLOOR"] = 0.1
     memory = factories.memory(agent, "a fairly long memory about the garden and the roses in it")

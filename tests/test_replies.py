@@ -135,6 +135,21 @@ def test_a_tool_the_agent_has_not_enabled_is_refused(app, fake_llm, chat, ada):
     assert db.session.scalar(sa.select(sa.func.count()).select_from(AgentMemory)) == 0
 
 
+def test_a_reply_never_offers_the_refinement_tool(app, fake_llm, chat, ada):
+    ada.enabled_tools = ["save_memory", "refine_memory"]  # not possible from the form; say it got there
+    db.session.commit()
+    [reply] = _pending(chat, ada)
+    fake_llm.reply(tool_calls=[("refine_memory", {"action": "complete", "summary": "x"})])
+    fake_llm.reply("ok")
+
+    respond([reply.id])
+
+    assert [tool["function"]["name"] for tool in fake_llm.requests[0]["tools"]] == ["save_memory"]
+    result = json.loads(fake_llm.requests[-1]["messages"][-1]["content"])
+    assert result["error"] == "You have no tool named 'refine_memory'. Available: save_memory."
+    assert _fresh(reply).status == "done"
+
+
 def test_the_tool_loop_is_bounded(app, fake_llm, chat, ada):
     app.config["REPLY_MAX_TOOL_TURNS"] = 3
     [reply] = _pending(chat, ada)

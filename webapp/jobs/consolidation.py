@@ -19,6 +19,7 @@ from webapp import llm
 from webapp.extensions import db
 from webapp.jobs.concurrency import map_in_threads
 from webapp.jobs.queue import enqueue, recorded_job
+from webapp.jobs.refinement import trigger_if_over_budget
 from webapp.llm import LLMError
 from webapp.llm.jsonparse import parse_json_object
 from webapp.models import AgentMemory, Chat, ChatAgent, Message
@@ -110,8 +111,6 @@ def consolidate_chat(chat_id: int, force: bool = False) -> dict[str, Any]:
 
 
 def _trigger_refinements(chat_id: int) -> None:
-    from webapp.jobs.refinement import trigger_if_over_budget
-
     for link in db.session.get(Chat, chat_id).chat_agents:
         trigger_if_over_budget(link.agent)
     db.session.commit()

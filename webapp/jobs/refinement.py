@@ -4,7 +4,6 @@ Weekly (Monday 04:00 UTC) for agents that need it, on demand for one agent, and 
 goes over budget (at most once a day per agent).
 """
 
-import json
 import uuid
 from datetime import datetime, timedelta
 from typing import Any
@@ -12,17 +11,18 @@ from typing import Any
 import sqlalchemy as sa
 from flask import current_app
 
-from webapp import llm
 from webapp.extensions import db
 from webapp.jobs.queue import enqueue, recorded_job
 from webapp.llm import LLMError
+from webapp.llm.tool_loop import run_tool_loop
 from webapp.models import Agent, AuditLog, JobRun
 from webapp.models.audit import ROLLED_BACK, dedup_for_agent, session_rows
 from webapp.models.memories import core_memories, core_token_usage, core_tokens, needs_refinement
 from webapp.prompting import render
 from webapp.prompting.build import memory_budget
 from webapp.timeutil import utcnow
-from webapp.tools.refinement import SCHEMA, VIA, RefinementSession
+from webapp.tools import RefinementSession, run_tool_call, schemas_for
+from webapp.tools.refinement import TOOL, VIA
 
 REFINE_EVERY = timedelta(weeks=1)
 TRIGGER_COOLDOWN_SECONDS = 86_400
@@ -159,27 +159,18 @@ def _start(agent: Agent, session_id: str, usage: int, budget: int, deduplicated:
 
 def _tool_loop(session: RefinementSession, prompt: str) -> None:
     """Model turns with the refinement tool until complete, rollback or the turn limit; then close."""
-    messages: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
-    model, agent_id = session.agent.model_id, session.agent.id
+    offered = [TOOL.name]
     try:
-        for _turn in range(current_app.config["REFINEMENT_MAX_TURNS"]):
-            db.session.commit()  # hold no transaction while the model thinks
-            result = llm.complete(model, messages, purpose="refine", tools=[SCHEMA], agent_id=agent_id)
-            if not result.tool_calls:
-                break
-            messages.append(
-                {
-                    "role": "assistant",
-                    "content": result.text or None,
-                    "tool_calls": [c.as_message_part() for c in result.tool_calls],
-                }
-            )
-            for call in result.tool_calls:
-                messages.append(
-                    {"role": "tool", "tool_call_id": call.id, "content": json.dumps(_run(session, call))}
-                )
-            if session.finished:
-                return
+        run_tool_loop(
+            session.agent.model_id,
+            [{"role": "user", "content": prompt}],
+            purpose="refine",
+            tools=schemas_for(offered),
+            run_call=lambda call, _transcript: run_tool_call(call, session, offered).result,
+            max_turns=current_app.config["REFINEMENT_MAX_TURNS"],
+            agent_id=session.agent.id,
+            finished=lambda: session.finished,
+        )
     except LLMError as error:
         db.session.rollback()
         session.close("memory_refinement_incomplete", reason=str(error))
@@ -192,12 +183,3 @@ def _tool_loop(session: RefinementSession, prompt: str) -> None:
     if not session.finished:
         session.close("memory_refinement_incomplete", reason="the session ended without calling complete")
         session.status = "incomplete"
-
-
-def _run(session: RefinementSession, call: llm.ToolCall) -> dict[str, Any]:
-    if call.name != SCHEMA["function"]["name"]:
-        return {"type": "error", "error": f"Unknown tool {call.name!r}; use refine_memory."}
-    try:
-        return session.run(call.parsed_arguments())
-    except ValueError as error:
-        return {"type": "error", "error": f"Invalid arguments: {error}"}

@@ -12,10 +12,12 @@ from webapp import events, llm
 from webapp.extensions import db
 from webapp.jobs.followups import after_new_message
 from webapp.jobs.queue import enqueue, held_lock, lock_holder, recorded_job, redis_connection
+from webapp.jobs.refinement import trigger_if_over_budget
 from webapp.llm import LLMError
+from webapp.llm.tool_loop import Transcript, run_tool_loop
 from webapp.models import Agent, Chat, JobRun, Message
 from webapp.prompting.build import build_prompt, fit_to_budget, record_sources
-from webapp.tools import ToolContext, run_tool_call, schemas_for
+from webapp.tools import ToolContext, reply_tools, run_tool_call, schemas_for
 from webapp.tools import steps as tool_steps
 
 log = logging.getLogger(__name__)
@@ -152,71 +154,55 @@ def _unfinished(message: Message, reason: str, will_retry: bool) -> None:
 
 
 def _tool_loop(message: Message, messages: list[dict[str, Any]]) -> tuple[str, int, int]:
-    """Ask the model, run the tools it calls, feed the results back; the last turn offers no tools.
+    """The agent's tool loop, streamed to the page; the last turn offers no tools.
 
     Text written before a tool call is kept (it starts the reply), and each call shows on the page as a step,
     then as a chip saying what it did (message.tools_used). Stop raises ReplyStopped with the text so far.
     """
     chat, agent = message.chat, message.agent
-    tools = schemas_for(agent.enabled_tools)
+    offered = reply_tools(agent)
     context = ToolContext(agent=agent, chat=chat, message=message)
-    max_turns = current_app.config["REPLY_MAX_TOOL_TURNS"]
-    prompt_tokens = completion_tokens = 0
-    written: list[str] = []  # the text of finished turns
     steps: list[dict[str, Any]] = []
-    for turn in range(max_turns):
-        db.session.commit()  # hold no transaction (and no SQLite lock) while the model thinks
-        fit_to_budget(messages)  # tool results may have grown the prompt since the last call
-        result = llm.complete(
-            agent.model_id,
-            messages,
-            purpose="reply",
-            tools=tools if tools and turn < max_turns - 1 else None,
-            agent_id=agent.id,
-            chat_id=chat.id,
-            on_text=_relay(message, written),
-        )
-        prompt_tokens += result.prompt_tokens
-        completion_tokens += result.completion_tokens
-        written.append(result.text)
-        if not result.tool_calls:
-            break
-        messages.append(
-            {
-                "role": "assistant",
-                "content": result.text or None,
-                "tool_calls": [c.as_message_part() for c in result.tool_calls],
-            }
-        )
-        for call in result.tool_calls:
-            try:
-                arguments = call.parsed_arguments()
-            except ValueError:
-                arguments = {}
-            steps.append(tool_steps.running(call.name, arguments, chat.account_id))
-            _show_progress(message, _joined(written), steps)
-            outcome = run_tool_call(call, context)
-            messages.append(outcome.as_message(call.id))
-            steps[-1] = tool_steps.finished(call.name, arguments, outcome.result, chat.account_id)
-            _show_progress(message, _joined(written), steps)
-    return _joined(written), prompt_tokens, completion_tokens
+
+    def run_call(call: llm.ToolCall, transcript: Transcript) -> dict[str, Any]:
+        try:
+            arguments = call.parsed_arguments()
+        except ValueError:
+            arguments = {}
+        steps.append(tool_steps.running(call.name, arguments, chat.account_id))
+        _show_progress(message, transcript.text, steps)
+        outcome = run_tool_call(call, context, offered)
+        if outcome.result.get("saved"):  # save_memory added a memory: it may have gone over budget
+            trigger_if_over_budget(agent)
+        steps[-1] = tool_steps.finished(call.name, arguments, outcome.result, chat.account_id)
+        _show_progress(message, transcript.text, steps)
+        return outcome.result
+
+    transcript = run_tool_loop(
+        agent.model_id,
+        messages,
+        purpose="reply",
+        tools=schemas_for(offered),
+        run_call=run_call,
+        max_turns=current_app.config["REPLY_MAX_TOOL_TURNS"],
+        agent_id=agent.id,
+        chat_id=chat.id,
+        tools_on_last_turn=False,
+        before_turn=fit_to_budget,  # tool results may have grown the prompt since the last call
+        on_text=_relay(message),
+    )
+    return transcript.text, transcript.prompt_tokens, transcript.completion_tokens
 
 
-def _relay(message: Message, written: list[str]) -> Callable[[str], None]:
+def _relay(message: Message) -> Callable[[str, Transcript], None]:
     """Publish each streamed delta to the chat page; on Stop, raise with the text written so far."""
-    streamed: list[str] = []
 
-    def on_text(delta: str) -> None:
+    def on_text(delta: str, transcript: Transcript) -> None:
         if stop_requested(message.id):
-            raise ReplyStopped(_joined([*written, "".join(streamed)]))
-        streamed.append(delta)
+            raise ReplyStopped(transcript.text)
         events.publish(message.chat_id, "delta", message.id, delta)
 
     return on_text
-
-
-def _joined(texts: list[str]) -> str:
-    return "\n\n".join(t.strip() for t in texts if t.strip())
 
 
 def _show_progress(message: Message, text: str, steps: list[dict[str, Any]]) -> None:

@@ -1,28 +1,48 @@
-"""Tools an agent may call during a reply. One module per tool; this is the one place they are registered.
+"""Tools an agent may call: during a reply (those enabled for it) or in its refinement session (refine_memory).
+One module per tool; this is the one place they are registered and the one place a call is checked and run.
 
 A tool's result always goes back to the model as JSON. Bad calls (an unknown or disabled tool, arguments that
 are not JSON or do not fit the schema) get an error result the model can read and correct, never an exception.
 """
 
-import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import jsonschema
 
 from webapp.llm import ToolCall
+from webapp.models import Agent
 from webapp.tools.base import Tool, ToolContext
 from webapp.tools.borrow_context import TOOL as BORROW_CONTEXT
 from webapp.tools.recall import TOOL as RECALL
+from webapp.tools.refinement import TOOL as REFINE_MEMORY
+from webapp.tools.refinement import RefinementSession
 from webapp.tools.save_memory import TOOL as SAVE_MEMORY
 
-REGISTRY: dict[str, Tool] = {tool.name: tool for tool in [SAVE_MEMORY, RECALL, BORROW_CONTEXT]}
+REGISTRY: dict[str, Tool] = {tool.name: tool for tool in [SAVE_MEMORY, RECALL, BORROW_CONTEXT, REFINE_MEMORY]}
+REPLY_TOOLS: dict[str, Tool] = {name: tool for name, tool in REGISTRY.items() if tool.in_replies}
 
-__all__ = ["REGISTRY", "Tool", "ToolContext", "ToolOutcome", "run_tool_call", "schemas_for"]
+__all__ = [
+    "REGISTRY",
+    "REPLY_TOOLS",
+    "RefinementSession",
+    "Tool",
+    "ToolContext",
+    "ToolOutcome",
+    "reply_tools",
+    "run_tool_call",
+    "schemas_for",
+]
 
 
-def schemas_for(names: list[str]) -> list[dict[str, Any]]:
-    """The OpenAI `tools` list for the named (enabled) tools, in registry order."""
+def reply_tools(agent: Agent) -> list[str]:
+    """The tools the agent's replies offer: the reply tools enabled for it, in registry order."""
+    return [name for name in REPLY_TOOLS if name in (agent.enabled_tools or [])]
+
+
+def schemas_for(names: Sequence[str]) -> list[dict[str, Any]]:
+    """The OpenAI `tools` list for the named (offered) tools, in registry order."""
     return [tool.schema() for name, tool in REGISTRY.items() if name in names]
 
 
@@ -35,15 +55,15 @@ class ToolOutcome:
     def ok(self) -> bool:
         return "error" not in self.result
 
-    def as_message(self, call_id: str) -> dict[str, Any]:
-        return {"role": "tool", "tool_call_id": call_id, "content": json.dumps(self.result)}
 
-
-def run_tool_call(call: ToolCall, context: ToolContext) -> ToolOutcome:
-    """Validate and run one tool call for context.agent; every failure becomes an error result."""
+def run_tool_call(
+    call: ToolCall, context: ToolContext | RefinementSession, offered: Sequence[str]
+) -> ToolOutcome:
+    """Validate and run one call of an offered tool in its context (a reply's, or a refinement session);
+    every failure becomes an error result."""
     tool = REGISTRY.get(call.name)
-    if tool is None or call.name not in context.agent.enabled_tools:
-        available = ", ".join(sorted(n for n in context.agent.enabled_tools if n in REGISTRY)) or "none"
+    if tool is None or call.name not in offered:
+        available = ", ".join(sorted(n for n in offered if n in REGISTRY)) or "none"
         return ToolOutcome(
             call.name, {"error": f"You have no tool named {call.name!r}. Available: {available}."}
         )

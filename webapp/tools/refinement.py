@@ -1,5 +1,6 @@
-"""The refinement tool (spec 002): one polymorphic tool an agent uses on its own core memory during a
-refinement session. It is never in an agent's enabled tools; only the refinement job offers it.
+"""The refinement tool (spec 002): one polymorphic tool, refine_memory, an agent uses on its own core memory
+during a refinement session (its context). It is never in an agent's enabled tools; only the refinement job
+offers it. Like every tool, its arguments are checked against its schema before it runs.
 
 Safety the spec lacks (DESIGN.md 5.4): every audit row carries the session id; at most `max_mutations`
 changes per session; after each change, if core tokens fall below `floor` times the session's starting
@@ -14,38 +15,11 @@ from webapp.models import Agent, AgentMemory, AuditLog
 from webapp.models.audit import record_change, roll_back_session
 from webapp.models.memories import core_memories, core_token_usage, like_pattern, token_pages
 from webapp.timeutil import utcnow
+from webapp.tools.base import Tool
 
 ACTIONS = ("page", "search", "consolidate", "update", "delete", "protect", "complete")
 MUTATIONS = ("consolidate", "update", "delete", "protect")
 VIA = "refinement"
-
-SCHEMA = {
-    "type": "function",
-    "function": {
-        "name": "refine_memory",
-        "description": "Memory refinement tool. Actions: page, search, consolidate, update, delete, protect, "
-        "complete.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "action": {
-                    "type": "string",
-                    "description": "page, search, consolidate, update, delete, protect, or complete",
-                },
-                "page": {"type": "string", "description": "Page number of your core memories (for page)"},
-                "query": {"type": "string", "description": "Search query (for search action)"},
-                "ids": {
-                    "type": "string",
-                    "description": "Comma-separated memory IDs (for consolidate, delete)",
-                },
-                "id": {"type": "string", "description": "Single memory ID (for update, delete, protect)"},
-                "content": {"type": "string", "description": "New content (for consolidate, update)"},
-                "summary": {"type": "string", "description": "Refinement summary (for complete)"},
-            },
-            "required": ["action"],
-        },
-    },
-}
 
 
 @dataclass
@@ -307,3 +281,35 @@ def _error(message: str) -> dict[str, Any]:
 
 def _param_error(action: str, param: str) -> dict[str, Any]:
     return _error(f"{param} is required for {action}")
+
+
+def refine_memory(session: RefinementSession, **arguments: Any) -> dict[str, Any]:
+    """Run one refine_memory call in its session."""
+    return session.run(arguments)
+
+
+NUMBERS = ["string", "integer"]  # a memory or page number, as text or as a number
+
+TOOL = Tool(
+    name="refine_memory",
+    description="Memory refinement tool. Actions: page, search, consolidate, update, delete, protect, complete.",
+    parameters={
+        "type": "object",
+        "properties": {
+            "action": {
+                "type": "string",
+                "enum": list(ACTIONS),
+                "description": "page, search, consolidate, update, delete, protect, or complete",
+            },
+            "page": {"type": NUMBERS, "description": "Page number of your core memories (for page)"},
+            "query": {"type": "string", "description": "Search query (for search action)"},
+            "ids": {"type": NUMBERS, "description": "Comma-separated memory IDs (for consolidate, delete)"},
+            "id": {"type": NUMBERS, "description": "Single memory ID (for update, delete, protect)"},
+            "content": {"type": "string", "description": "New content (for consolidate, update)"},
+            "summary": {"type": "string", "description": "Refinement summary (for complete)"},
+        },
+        "required": ["action"],
+    },
+    run=refine_memory,
+    in_replies=False,
+)

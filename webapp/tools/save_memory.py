@@ -19,7 +19,6 @@ def save_memory(context: ToolContext, content: str, memory_type: str) -> dict[st
     content = content.strip()
     if not content:
         return {"error": "content must not be empty."}
-    from webapp.jobs.refinement import trigger_if_over_budget
 
     existing = db.session.scalar(
         active_memories(context.agent.id).where(AgentMemory.content_hash == content_hash_of(content)).limit(1)
@@ -37,7 +36,6 @@ def save_memory(context: ToolContext, content: str, memory_type: str) -> dict[st
         chat_id=context.chat.id,
         message_id=context.message.id,
     )
-    trigger_if_over_budget(context.agent)
     db.session.commit()
     if memory_type == "journal":
         fades = (utcnow() + JOURNAL_WINDOW).strftime("%Y-%m-%d")

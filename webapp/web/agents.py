@@ -11,7 +11,7 @@ from wtforms.validators import DataRequired, Length, NumberRange, Optional, Rege
 from webapp import llm
 from webapp.extensions import db
 from webapp.models import Agent
-from webapp.tools import REGISTRY
+from webapp.tools import REPLY_TOOLS
 from webapp.web.auth import admin_required, owned_or_404
 
 bp = Blueprint("agents", __name__, url_prefix="/agents")
@@ -52,7 +52,7 @@ class AgentForm(FlaskForm):
         self.agent = agent
         self.enabled_tools.choices = [
             (name, TOOL_LABELS.get(name, f"{name}: {tool.description.split('. ')[0]}."))
-            for name, tool in REGISTRY.items()
+            for name, tool in REPLY_TOOLS.items()
         ]
 
     def validate_name(self, field) -> None:
@@ -84,7 +84,7 @@ def new() -> ResponseReturnValue:
     defaults = {
         "model_id": current_app.config["DEFAULT_MODEL_ID"],
         "core_token_budget": 5000,
-        "enabled_tools": list(REGISTRY),  # memory is the point: every tool is on for a new agent
+        "enabled_tools": list(REPLY_TOOLS),  # memory is the point: every tool is on for a new agent
     }
     form = AgentForm(data=defaults)
     if form.validate_on_submit():
@@ -117,7 +117,7 @@ def _save(form: AgentForm, agent: Agent) -> None:
     agent.name = form.name.data.strip()
     agent.system_prompt = (form.system_prompt.data or "").strip()
     agent.model_id = form.model_id.data.strip()
-    agent.enabled_tools = [name for name in form.enabled_tools.data if name in REGISTRY]
+    agent.enabled_tools = [name for name in form.enabled_tools.data if name in REPLY_TOOLS]
     agent.core_token_budget = form.core_token_budget.data
     agent.memory_token_budget = form.memory_token_budget.data
     agent.paused = form.paused.data
