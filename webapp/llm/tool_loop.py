@@ -27,11 +27,7 @@ class Transcript:
     @property
     def text(self) -> str:
         """Everything written so far (the turn being streamed included), a paragraph per turn."""
-        return joined([*self.turns, "".join(self.streaming)])
-
-
-def joined(texts: list[str]) -> str:
-    return "\n\n".join(t.strip() for t in texts if t.strip())
+        return "\n\n".join(t.strip() for t in [*self.turns, "".join(self.streaming)] if t.strip())
 
 
 def run_tool_loop(
@@ -62,7 +58,6 @@ def run_tool_loop(
         if before_turn:
             before_turn(messages)
         offered = tools_on_last_turn or turn < max_turns - 1
-        transcript.streaming = []
         result = llm.complete(
             model,
             messages,
@@ -72,7 +67,7 @@ def run_tool_loop(
             chat_id=chat_id,
             on_text=stream,
         )
-        transcript.streaming = []
+        transcript.streaming = []  # now one of the turns
         transcript.prompt_tokens += result.prompt_tokens
         transcript.completion_tokens += result.completion_tokens
         transcript.turns.append(result.text)
