@@ -13,6 +13,7 @@ from webapp.extensions import db
 from webapp.jobs.refinement import refine_agent
 from webapp.models import AgentMemory, AuditLog
 from webapp.models.audit import dedup_for_agent, record_change
+from webapp.models.memories import core_token_usage
 from webapp.timeutil import utcnow
 
 HTMX = {"HX-Request": "true"}
@@ -253,7 +254,7 @@ def test_a_session_page_lists_its_operations_and_rolls_back_once(client, signed_
     assert len(rollbacks) == 3 and {r.user_id for r in rollbacks} == {signed_in.id}
     marker = _last("memory_refinement_rolled_back")
     assert marker.user_id == signed_in.id and marker.session_id == session_id and marker.data["restored"] == 3
-    assert (marker.data["via"], marker.data["tokens_after"]) == ("admin", ada.core_token_usage())
+    assert (marker.data["via"], marker.data["tokens_after"]) == ("admin", core_token_usage(ada.id))
     assert again.status_code == 422 and "already rolled back by dana@example.com" in again.text
     assert len(db.session.scalars(sa.select(AuditLog).where(AuditLog.action == "memory_rollback")).all()) == 3
 
@@ -276,7 +277,7 @@ def test_a_session_the_circuit_breaker_rolled_back_is_not_rolled_back_again(
     assert refused.status_code == 422 and "already rolled back" in refused.text
     marker = _last("memory_refinement_rolled_back")  # the same row as an admin's, with the breaker's figures
     assert marker.user_id is None and (marker.data["via"], marker.data["restored"]) == ("refinement", 1)
-    assert marker.data["tokens_after"] == ada.core_token_usage() == marker.data["tokens_before"]
+    assert marker.data["tokens_after"] == core_token_usage(ada.id) == marker.data["tokens_before"]
     assert "fell to" in marker.data["reason"] and marker.data["stats"]["deleted"] == 1
 
 
