@@ -1,4 +1,5 @@
-"""Tools an agent may call: during a reply (those enabled for it) or in its refinement session (refine_memory).
+"""Tools an agent may call, in one registry: in a reply (those enabled for it), or refine_memory in refinement.
+
 One module per tool; this is the one place they are registered and the one place a call is checked and run.
 
 A tool's result always goes back to the model as JSON. Bad calls (an unknown or disabled tool, arguments that
