@@ -227,15 +227,25 @@ def test_retry_a_failed_reply(client, signed_in, ada):
     assert _queued_message_ids() == [[failed.id]]
 
 
-def test_an_unfinished_reply_answers_204_until_it_is_done(client, signed_in, ada):
+def test_an_unfinished_reply_answers_204_until_its_state_changes(client, signed_in, ada):
+    """The page polls with the state it shows: a reply that started streaming, or finished, before its live
+    event could reach the page is shown all the same."""
     chat = factories.chat(signed_in.account, [ada])
-    reply = factories.message(chat, "", author=ada, status="streaming")
-    url = f"/chats/{chat.id}/messages/{reply.id}?if_finished=1"
+    reply = factories.message(chat, "", author=ada, status="pending")
+    pending_url = f"/chats/{chat.id}/messages/{reply.id}?shown=pending"
+    page = client.get(f"/chats/{chat.id}").text
 
-    assert client.get(url).status_code == 204
+    assert f'hx-get="/chats/{chat.id}/messages/{reply.id}?shown=pending" hx-trigger="load, every 4s"' in page
+    assert client.get(pending_url).status_code == 204
+    reply.status = "streaming"
+    db.session.commit()
+    streaming = client.get(pending_url)
+    assert streaming.status_code == 200 and f'sse-swap="delta-{reply.id}"' in streaming.text
+    assert "?shown=streaming" in streaming.text
+    assert client.get(f"/chats/{chat.id}/messages/{reply.id}?shown=streaming").status_code == 204
     reply.status, reply.content = "done", "All done"
     db.session.commit()
-    assert "All done" in client.get(url).text
+    assert "All done" in client.get(f"/chats/{chat.id}/messages/{reply.id}?shown=streaming").text
 
 
 def test_rename_add_an_agent_discard_and_restore(client, signed_in, ada, basil):

@@ -250,10 +250,12 @@ def older(chat_id: int) -> ResponseReturnValue:
 @bp.get("/<int:chat_id>/messages/<int:message_id>")
 @login_required
 def message(chat_id: int, message_id: int) -> ResponseReturnValue:
-    """One message; with ?if_finished=1 a 204 while the reply is still being generated."""
+    """One message; with ?shown=STATUS a 204 while it is still in the state the page shows, so an unfinished
+    reply's page catches up on a change whose live event it missed (one sent before the reply was on the page,
+    or while its stream was reconnecting)."""
     chat = owned_or_404(Chat, chat_id)
     found = _message_in(chat, message_id)
-    if request.args.get("if_finished") and found.status in ("pending", "streaming"):
+    if request.args.get("shown") == found.status:
         return "", 204
     return render_template("chats/_message.html", chat=chat, message=found, stuck_after=STUCK_AFTER)
 
