@@ -263,8 +263,9 @@ def test_the_refinement_prompt_says_the_cap_counts_memories(agent, fake_llm):
 
 
 def test_complete_writes_the_summary_journal_and_stamps_the_agent(agent):
-    factories.memory(agent, "x")
+    memory = factories.memory(agent, "x")
     session = _session(agent)
+    session.run({"action": "update", "id": str(memory.id), "content": "Dana likes tea."})
 
     result = session.run({"action": "complete", "summary": "Merged tea facts."})
 
@@ -274,6 +275,22 @@ def test_complete_writes_the_summary_journal_and_stamps_the_agent(agent):
     assert agent.last_refinement_at is not None
     closing = db.session.scalar(sa.select(AuditLog).where(AuditLog.action == "memory_refinement_complete"))
     assert closing.session_id == "s-1" and closing.data["summary"] == "Merged tea facts."
+
+
+def test_a_session_that_changed_nothing_adds_no_journal_memory(agent):
+    factories.memory(agent, "Dana likes tea.")
+    session = _session(agent)
+    session.run({"action": "page", "page": "1"})
+
+    result = session.run({"action": "complete", "summary": "Nothing to change."})
+
+    assert result["type"] == "refinement_complete" and session.status == "complete"
+    journals = db.session.scalars(sa.select(AgentMemory).where(AgentMemory.memory_type == "journal")).all()
+    assert journals == []
+    assert agent.last_refinement_at is not None
+    closing = db.session.scalar(sa.select(AuditLog).where(AuditLog.action == "memory_refinement_complete"))
+    assert closing.data["summary"] == "Nothing to change."
+    assert "memory_create" not in _actions("s-1")
 
 
 # The circuit breaker and rollback
@@ -398,9 +415,9 @@ def test_the_job_checks_each_call_as_every_tool_is_checked(app, agent, fake_llm,
     result = json.loads(fake_llm.requests[1]["messages"][-1]["content"])
     assert error in result["error"]
     assert counts["status"] == "complete" and _actions(counts["session_id"])[-2:] == [
-        "memory_create",
+        "memory_refinement_start",
         "memory_refinement_complete",
-    ]  # the model read the error and went on; nothing else changed
+    ]  # the model read the error and went on; nothing changed, so no journal memory either
     assert db.session.get(AgentMemory, memory.id).content == "something"
 
 

@@ -197,11 +197,14 @@ class RefinementSession:
     def _complete(self, summary: str = "", **_: str) -> dict[str, Any]:
         if not summary.strip():
             return _param_error("complete", "summary")
-        note = AgentMemory(
-            agent=self.agent, content=f"Refinement session: {summary.strip()}"[:10_000], memory_type="journal"
-        )
-        db.session.add(note)
-        record_change(note, "memory_create", None, via=VIA, session_id=self.session_id)
+        if self.mutations:  # a session that changed nothing has nothing worth remembering
+            note = AgentMemory(
+                agent=self.agent,
+                content=f"Refinement session: {summary.strip()}"[:10_000],
+                memory_type="journal",
+            )
+            db.session.add(note)
+            record_change(note, "memory_create", None, via=VIA, session_id=self.session_id)
         self.close("memory_refinement_complete", summary=summary.strip())
         self.status = "complete"
         return {"type": "refinement_complete", "summary": summary.strip(), "stats": self.stats}
