@@ -11,7 +11,7 @@ from tests import factories
 from tests.conftest import _settings
 from webapp.extensions import db
 from webapp.factory import create_app
-from webapp.models import Message
+from webapp.models import JobRun, Message
 
 HTMX = {"HX-Request": "true"}
 
@@ -50,6 +50,32 @@ def test_posts_and_triggers_share_a_per_user_limit_with_a_clear_notice(app, clie
     assert _message_count(group) == stored  # nothing stored, no model call queued
     trigger = client.post(f"/chats/{group.id}/trigger", data={"agent_id": "all"}, headers=HTMX)
     assert trigger.status_code == 429
+
+
+def _reply_runs() -> int:
+    return db.session.scalar(sa.select(sa.func.count()).select_from(JobRun).where(JobRun.job_type == "reply"))
+
+
+def test_edit_and_resend_counts_against_the_same_limit(app, client, signed_in, ada):
+    app.config["RATE_LIMIT_REPLIES"] = "2 per minute"
+    chat = factories.chat(signed_in.account, [ada])
+    assert (
+        client.post(f"/chats/{chat.id}/messages", data={"content": "Lisbn"}, headers=HTMX).status_code == 200
+    )
+    mine = db.session.scalars(sa.select(Message).where(Message.role == "user")).one()
+    edit = f"/chats/{chat.id}/messages/{mine.id}/edit"
+    assert client.get(edit).status_code == 200  # opening the form asks no agent
+    assert client.post(edit, data={"content": "Lisbon"}, headers=HTMX).status_code == 200
+    runs = _reply_runs()
+
+    refused = client.post(edit, data={"content": "Lisbon, Portugal"}, headers=HTMX)
+
+    assert refused.status_code == 429
+    assert "You are asking the agents too often. Try again in" in refused.text
+    assert _reply_runs() == runs  # no new reply job
+    db.session.refresh(mine)
+    assert mine.content == "Lisbon"
+    assert client.get(edit).status_code == 200
 
 
 def test_the_limit_is_per_user(app, client, signed_in, ada, member):

@@ -414,6 +414,7 @@ def _editable(chat: Chat, message_id: int) -> Message:
 
 @bp.route("/<int:chat_id>/messages/<int:message_id>/edit", methods=["GET", "POST"])
 @login_required
+@replies_limit
 def edit_message(chat_id: int, message_id: int) -> ResponseReturnValue:
     """Edit your last message and send it again: its replies are replaced by new ones."""
     chat = _open_chat(chat_id)

@@ -44,11 +44,13 @@ def user_key() -> str:
     return f"address:{get_remote_address()}"
 
 
-# Posts, agent triggers and retries each cost model calls: one budget per user for all of them.
+# Posts, agent triggers, retries and edits each cost model calls: one budget per user for all of them. Only
+# a POST asks an agent (the edit view's GET shows its form).
 replies_limit = limiter.shared_limit(
     lambda: current_app.config["RATE_LIMIT_REPLIES"],
     scope="replies",
     key_func=user_key,
+    methods=["POST"],
     error_message="You are asking the agents too often.",
 )
 
