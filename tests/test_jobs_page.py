@@ -2,10 +2,12 @@
 
 import re
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
+import webapp.admin
 from tests import factories
 from tests.querycount import count_queries
 from webapp.extensions import db
@@ -222,3 +224,9 @@ def test_the_page_runs_the_same_queries_for_10_or_1000_runs(client, signed_in, a
         return counted.count
 
     assert queries(10) == queries(1000) <= 6
+
+
+def test_the_admin_pages_ask_whether_htmx_sent_a_post_in_one_place():
+    admin = Path(webapp.admin.__file__).parent
+    asking = sorted(path.name for path in admin.glob("*.py") if "HX-Request" in path.read_text())
+    assert asking == ["common.py"]

@@ -44,11 +44,16 @@ def page_of(query: sa.Select, page: int, per_page: int = PER_PAGE) -> tuple[list
     return rows[:per_page], len(found) > per_page
 
 
+def from_htmx() -> bool:
+    """True when HTMX sent this form post, so a fragment answers it (the admin's one test of that)."""
+    return bool(request.headers.get("HX-Request"))
+
+
 def answer(
     fragment: str, status: int, fallback_url: str, flash_text: str | None, **context: Any
 ) -> ResponseReturnValue:
     """A fragment for HTMX; a plain form post is sent back to the page with a flash instead."""
-    if request.headers.get("HX-Request"):
+    if from_htmx():
         return render_template(fragment, **context), status
     if flash_text:
         flash(flash_text)

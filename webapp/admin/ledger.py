@@ -17,7 +17,7 @@ from sqlalchemy.orm import aliased
 from wtforms import BooleanField, SelectField, TextAreaField
 from wtforms.validators import DataRequired, Length
 
-from webapp.admin.common import answer, bp, memory_or_404, page_number, page_of
+from webapp.admin.common import answer, bp, from_htmx, memory_or_404, page_number, page_of
 from webapp.admin.provenance import origins_for
 from webapp.admin.runs import KINDS
 from webapp.extensions import db
@@ -195,7 +195,7 @@ def create(agent_id: int) -> ResponseReturnValue:
 
 def _add_form_error(agent: Agent, form: AddForm):
     """The add form again with its errors: in place for HTMX, else the whole page."""
-    if not request.headers.get("HX-Request"):
+    if not from_htmx():
         return render_template("memories/ledger.html", **_full_context(agent, form)), 422
     html = render_template("memories/_add_form.html", agent=agent, form=form)
     return html, 422, {"HX-Retarget": "#add-memory", "HX-Reswap": "outerHTML"}

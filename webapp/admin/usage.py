@@ -8,14 +8,14 @@ from math import floor, log10
 from typing import Any
 
 import sqlalchemy as sa
-from flask import abort, current_app, flash, redirect, render_template, request, url_for
+from flask import abort, current_app, request, url_for
 from flask.typing import ResponseReturnValue
 from flask_login import current_user
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import FunctionElement
 
 import webapp.jobs
-from webapp.admin.common import bp
+from webapp.admin.common import answer, bp
 from webapp.extensions import db
 from webapp.jobs.queue import JOB_TYPES, enqueue
 from webapp.models import Agent, JobRun, LlmCall
@@ -290,9 +290,7 @@ def rerun(run_id: int) -> ResponseReturnValue:
     return _rerun_answer(run, "Queued again. The new attempt will appear as a new run.", 200)
 
 
-def _rerun_answer(run: JobRun, text: str, status: int):
-    """In place for HTMX; a plain form post gets the jobs page and a flash."""
-    if request.headers.get("HX-Request"):
-        return render_template("usage/_rerun.html", run=run, text=text, ok=status == 200), status
-    flash(text)
-    return redirect(url_for("admin.jobs"), code=303)
+def _rerun_answer(run: JobRun, text: str, status: int) -> ResponseReturnValue:
+    return answer(
+        "usage/_rerun.html", status, url_for("admin.jobs"), text, run=run, text=text, ok=status == 200
+    )
