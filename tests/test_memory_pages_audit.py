@@ -99,11 +99,38 @@ def test_who_changed_what_as_an_escaped_word_diff(client, signed_in, ada, fake_l
     protect = _row_html(html, by_refinement.id)
     assert (
         '<td class="who">Ada (refinement)</td>' in protect
-        and "constitutional: <del>no</del> → <ins>yes</ins>" in protect
+        and "<li>Protected as constitutional</li>" in protect
     )
     assert f"/admin/sessions/{session_id}" in protect
     start = _row_html(html, _last("memory_refinement_start").id)
     assert "refinement started" in start and "Undo</button>" not in start
+
+
+def test_flag_changes_read_as_what_happened(client, signed_in, ada):
+    memory = factories.memory(ada, "Dana likes tea", "journal")
+    actions = ("constitutional", "constitutional", "delete", "restore")
+    for action in actions:
+        assert client.post(f"/admin/memories/{memory.id}/{action}", headers=HTMX).status_code == 200
+    promoted = AuditLog(action="memory_promote", account_id=ada.account_id, agent_id=ada.id)
+    promoted.auditable_type, promoted.auditable_id = "AgentMemory", memory.id
+    snapshot = memory.snapshot()
+    promoted.data = {"before": snapshot, "after": {**snapshot, "memory_type": "core"}}
+    db.session.add(promoted)
+    db.session.commit()
+
+    html = client.get("/admin/audit").text
+
+    changes = [
+        re.findall(r"<li>(.*?)</li>", _row_html(html, row.id))
+        for row in db.session.scalars(sa.select(AuditLog).order_by(AuditLog.id))
+    ]
+    assert changes == [
+        ["Protected as constitutional"],
+        ["No longer constitutional"],
+        ["Deleted"],
+        ["Restored"],
+        ["Moved from journal to core"],
+    ]
 
 
 def test_filters_by_agent_action_session_and_date(client, signed_in, ada, fake_llm):

@@ -34,7 +34,11 @@ LABELS = {
     "memory_refinement_rolled_back": "refinement rolled back",
 }
 UNDOING = ("memory_undo", "memory_rollback")
-FLAGS = (("memory_type", "type"), ("constitutional", "constitutional"), ("deleted_at", "deleted"))
+# What a change of each flag means, in words: (field, when it was set, when it was cleared).
+FLAGS = (
+    ("constitutional", "Protected as constitutional", "No longer constitutional"),
+    ("deleted_at", "Deleted", "Restored"),
+)
 
 
 def entry_query() -> sa.Select:
@@ -74,13 +78,6 @@ def word_diff(before: str, after: str) -> list[tuple[str, str]]:
     if space:
         segments.append(("same", space))
     return segments
-
-
-def _shown(key: str, value: Any) -> str:
-    """A snapshot field as the diff shows it: deletion and the flag as yes or no."""
-    if key == "deleted_at" or isinstance(value, bool):
-        return "yes" if value else "no"
-    return str(value)
 
 
 @dataclass
@@ -131,16 +128,18 @@ class Entry:
         return word_diff(old, self.after["content"])
 
     @property
-    def flag_changes(self) -> list[tuple[str, str, str]]:
-        """(field, before, after) for the type, the constitutional flag and deletion, where they changed."""
+    def flag_changes(self) -> list[str]:
+        """What happened to the memory's type, constitutional flag and deletion, in words ("Restored")."""
         if not (self.before and self.after):
             return []
         before, after = self.before, self.after
-        return [
-            (label, _shown(key, before.get(key)), _shown(key, after.get(key)))
-            for key, label in FLAGS
-            if _shown(key, before.get(key)) != _shown(key, after.get(key))
-        ]
+        changes = []
+        if before.get("memory_type") != after.get("memory_type"):
+            changes.append(f"Moved from {before.get('memory_type')} to {after.get('memory_type')}")
+        for key, on, off in FLAGS:
+            if bool(before.get(key)) != bool(after.get(key)):
+                changes.append(on if after.get(key) else off)
+        return changes
 
     @property
     def details(self) -> list[str]:
