@@ -96,7 +96,10 @@ def test_filters(client, signed_in, ada, show, expected):
     html = client.get(_url(ada, show=show), headers={**HTMX, "HX-Target": "memory-ledger"}).text
 
     assert sorted(_ids(html)) == sorted(made[name].id for name in expected)
-    assert f'aria-current="page">{FILTER_LABELS[show]} <span class="count">{len(expected)}</span>' in html
+    assert (
+        f'aria-current="page">{FILTER_LABELS[show]} <span id="count-{show}" class="count">{len(expected)}</span>'
+        in html
+    )
 
 
 FILTER_LABELS = {
@@ -288,6 +291,38 @@ def test_delete_and_restore_in_place_update_the_budget_bar(client, signed_in, ad
     assert restore_row.data["after"]["deleted_at"] is None
     assert delete_row.user_id == restore_row.user_id == signed_in.id
     assert db.session.get(AgentMemory, memory.id).deleted_at is None
+
+
+def _counts_sent(html: str) -> dict[str, str]:
+    """The ledger's tab counts a fragment sends out of band, by tab."""
+    found = re.findall(r'<span id="count-(\w+)" class="count" hx-swap-oob="true">([\d,]+)</span>', html)
+    return dict(found)
+
+
+def test_changes_in_place_update_the_tab_counts(client, signed_in, ada):
+    memory = factories.memory(ada, "Dana likes tea")
+    factories.memory(ada, "Watered the roses", "journal")
+    page = client.get(_url(ada)).text
+
+    deleted = client.post(f"/admin/memories/{memory.id}/delete", headers=HTMX)
+    client.post(f"/admin/memories/{memory.id}/restore", headers=HTMX)
+    protected = client.post(f"/admin/memories/{memory.id}/constitutional", headers=HTMX)
+    added = client.post(
+        f"/admin/agents/{ada.id}/memories", data={"content": "A new one", "memory_type": "core"}, headers=HTMX
+    )
+
+    assert '<span id="count-deleted" class="count">0</span>' in page
+    assert _counts_sent(deleted.text) == {
+        "active": "1",
+        "core": "0",
+        "journal": "1",
+        "expired": "0",
+        "constitutional": "0",
+        "deleted": "1",
+    }
+    assert _counts_sent(protected.text)["constitutional"] == "1"
+    assert _counts_sent(protected.text)["deleted"] == "0"
+    assert _counts_sent(added.text)["core"] == "2" and _counts_sent(added.text)["active"] == "3"
 
 
 def test_deleting_a_constitutional_memory_is_refused_clearly(client, signed_in, ada):

@@ -296,9 +296,10 @@ def _ledger_url(memory: AgentMemory) -> str:
 
 
 def _changed(memory: AgentMemory, done: str, **extra: Any):
-    """The memory's new row and the token bar out of band; a plain form post goes back to the ledger."""
-    context = dict(memory=memory, now=utcnow(), tokens=_core_tokens(memory.agent), agent=memory.agent)
-    context["origins"] = origins_for([memory])
+    """The memory's new row, the token bar and tab counts out of band; a plain form post goes back to the ledger."""
+    now = utcnow()
+    context = dict(memory=memory, now=now, tokens=_core_tokens(memory.agent), agent=memory.agent)
+    context["origins"], context["counts"] = origins_for([memory]), _counts(memory.agent_id, now)
     return answer("memories/_changed.html", 200, _ledger_url(memory), done, **context, **extra)
 
 
