@@ -128,6 +128,22 @@ def test_tokens_by_agent_purpose_model_and_day(client, auth, admin, ledger):
     ]
 
 
+def test_the_daily_figures_are_visible_without_hovering(client, auth, admin, ledger):
+    auth.login(admin)
+
+    html = client.get("/admin/usage?days=7").text
+
+    # What shows without a hover or a click: no tooltips, no collapsed details.
+    visible = re.sub(r"<title>.*?</title>|<details.*?</details>", "", html, flags=re.S)
+    visible = re.sub(r'\stitle="[^"]*"', "", visible)
+    assert _table(visible, "usage-by-day")[1:4] == [
+        ["2025-05-08", "300", "30", "1"],
+        ["2025-05-09", "500", "100", "1"],
+        ["2025-05-10", "1,000,000", "200,000", "2 (1 failed)"],
+    ]
+    assert "hover" not in visible
+
+
 def test_the_window_decides_which_calls_count(client, auth, admin, ledger):
     auth.login(admin)
 
