@@ -1,6 +1,7 @@
 """Jobs used only by the queue tests (RQ imports them by dotted path in the worker)."""
 
 import os
+import time
 
 from webapp.jobs.queue import recorded_job
 from webapp.llm import LLMError
@@ -24,3 +25,9 @@ def model_is_down() -> None:
 @recorded_job("sample_pid")
 def process_id() -> dict:
     return {"pid": os.getpid()}
+
+
+@recorded_job("sample_sleeps", timeout=lambda seconds: 1)
+def sleeps(seconds: float) -> dict:
+    time.sleep(seconds)
+    return {"slept": seconds}

@@ -205,3 +205,97 @@ def test_replies_have_their_own_queue_served_before_background_work(app, fake_ll
 
     finished = sorted(_runs(), key=lambda r: r.finished_at)
     assert [r.job_type for r in finished if r.job_type != "summarize"] == ["reply", "sample"]
+
+
+# Each job kind runs under a time limit that fits it, not RQ's default of 180 seconds for all
+
+
+def test_each_job_gets_a_time_limit_that_fits_its_model_calls(app, admin):
+    from tests import factories
+    from webapp.jobs import schedule
+    from webapp.jobs.consolidation import consolidate_chat
+    from webapp.jobs.ping import ping
+    from webapp.jobs.queue import NO_MODEL_SECONDS
+    from webapp.jobs.refinement import refine_agent
+    from webapp.jobs.replies import request_replies
+    from webapp.jobs.summaries import summarize
+
+    app.config.update(LLM_TIMEOUT_SECONDS=120, REPLY_MAX_TOOL_TURNS=5, REFINEMENT_MAX_TURNS=12)
+    ada, basil = factories.agent(admin.account, "Ada"), factories.agent(admin.account, "Basil")
+    chat = factories.chat(admin.account, [ada, basil])
+    [one] = request_replies(chat, [ada])
+    both = request_replies(chat, [ada, basil])
+    for func, args in [
+        (consolidate_chat, (chat.id,)),
+        (summarize, (chat.id, ada.id)),
+        (refine_agent, (ada.id,)),
+    ]:
+        enqueue(func, *args)
+    enqueue(ping)
+    db.session.commit()
+    limit = {
+        (run.job_type, tuple(run.args[0]) if run.job_type == "reply" else None): rq_queue(
+            "replies" if run.job_type == "reply" else "background"
+        )
+        .fetch_job(run.rq_job_id)
+        .timeout
+        for run in _runs()
+    }
+    reply_one, reply_both = limit[("reply", (one.id,))], limit[("reply", tuple(m.id for m in both))]
+
+    assert 5 * 120 <= reply_one < 2 * 5 * 120 <= reply_both  # every turn of each agent's tool loop
+    assert 120 <= limit[("summarize", None)] < reply_one  # one request
+    assert limit[("refine", None)] >= 12 * 120  # every turn of a refinement session
+    assert limit[("consolidate", None)] >= 3600  # many 100k-token chunks: an hour at the default timeout
+    assert limit[("ping", None)] == NO_MODEL_SECONDS
+
+    app.config["LLM_TIMEOUT_SECONDS"] = 300  # a slower model: longer limits
+    [slow] = request_replies(chat, [ada])
+    db.session.commit()
+    assert rq_queue("replies").fetch_job(_runs()[-1].rq_job_id).timeout >= 5 * 300
+
+    schedule.sync()  # the finders, started by rq-scheduler, ask no model
+    assert {job.timeout for job in schedule.scheduler().get_jobs()} == {NO_MODEL_SECONDS}
+
+
+def test_a_job_stopped_at_its_time_limit_fails_with_a_clear_reason_and_is_not_retried(app):
+    enqueue(sample_jobs.sleeps, 5)
+    db.session.commit()
+    [job] = rq_queue().get_jobs()
+
+    _work(app)
+
+    [run] = _runs()
+    assert (run.status, run.error) == (
+        "failed",
+        "Timed out: the job ran past its time limit of 1 seconds and was stopped.",
+    )
+    job.refresh()
+    assert job.get_status() == JobStatus.FAILED  # and no queued row for another attempt
+
+
+def test_parts_running_in_threads_stop_when_their_job_gives_up(app):
+    import threading
+    import time
+
+    from webapp.jobs.concurrency import cancelled, map_in_threads
+
+    started, saw_cancel = threading.Event(), []
+
+    def part(n: int) -> int:
+        if n == 0:
+            started.wait(10)
+            raise RuntimeError("stopped at its time limit")
+        started.set()
+        for _ in range(1000):  # one step per model request, until told to stop
+            if cancelled():
+                saw_cancel.append(n)
+                return n
+            time.sleep(0.01)
+        return n
+
+    with pytest.raises(RuntimeError):
+        map_in_threads(part, [0, 1], max_workers=2)
+
+    assert saw_cancel == [1]
+    assert not cancelled()  # outside the parts, nothing is cancelled

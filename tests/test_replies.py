@@ -459,3 +459,33 @@ def test_a_reply_whose_worker_dies_twice_fails_with_a_working_retry(app, chat, a
     client.post("/login", data={"email": admin.email, "password": factories.PASSWORD})
     assert client.post(f"/chats/{chat.id}/messages/{reply.id}/retry").status_code == 200
     assert _fresh(reply).status == "pending"
+
+
+def test_a_reply_stopped_at_its_time_limit_fails_with_a_working_retry(
+    app, fake_llm, chat, ada, admin, client, monkeypatch
+):
+    from webapp.jobs import queue
+
+    # A limit of 2 seconds (one turn of a 2-second model timeout, no margin); the model then goes silent.
+    monkeypatch.setattr(queue, "JOB_MARGIN_SECONDS", 0)
+    app.config.update(LLM_TIMEOUT_SECONDS=2, REPLY_MAX_TOOL_TURNS=1)
+    [reply] = _pending(chat, ada)
+    [job] = rq_queue("replies").get_jobs()
+    fake_llm.hang("Let me think", seconds=10)
+
+    SimpleWorker(worker_queues(), connection=app.extensions["redis"]).work(burst=True)
+
+    timed_out = "Timed out: the job ran past its time limit of 2 seconds and was stopped."
+    assert (_fresh(reply).status, _fresh(reply).error) == ("failed", f"{timed_out} Retry to ask again.")
+    [run] = db.session.scalars(sa.select(JobRun).where(JobRun.job_type == "reply")).all()
+    assert (run.status, run.error) == ("failed", timed_out)
+    job.refresh()
+    assert job.get_status() == JobStatus.FAILED  # not retried by RQ: the person decides
+    [call] = db.session.scalars(sa.select(LlmCall)).all()  # the request it cut off is in the ledger
+    assert call.status == "error" and "JobTimeoutException" in call.error
+
+    client.post("/login", data={"email": admin.email, "password": factories.PASSWORD})
+    assert client.post(f"/chats/{chat.id}/messages/{reply.id}/retry").status_code == 200
+    fake_llm.reply("Here it is.")
+    SimpleWorker(worker_queues(), connection=app.extensions["redis"]).work(burst=True)
+    assert (_fresh(reply).status, _fresh(reply).content) == ("done", "Here it is.")

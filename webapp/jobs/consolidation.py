@@ -17,8 +17,8 @@ from sqlalchemy.orm import joinedload
 
 from webapp import llm
 from webapp.extensions import db
-from webapp.jobs.concurrency import map_in_threads
-from webapp.jobs.queue import enqueue, recorded_job
+from webapp.jobs.concurrency import cancelled, map_in_threads
+from webapp.jobs.queue import backlog_time, enqueue, recorded_job
 from webapp.jobs.refinement import trigger_if_over_budget
 from webapp.llm import LLMError
 from webapp.llm.jsonparse import parse_json_object
@@ -84,6 +84,7 @@ class AgentOutcome:
     target=lambda chat_id, force=False: f"chat:{chat_id}",
     of=Chat,
     unique="active",
+    timeout=backlog_time,  # 100k-token chunks, each request up to LLM_TIMEOUT_SECONDS: see queue.BACKLOG_CALLS
 )
 def consolidate_chat(chat_id: int, force: bool = False) -> dict[str, Any]:
     """Extract memories from one chat's new messages for each of its agents (force: even if not idle)."""
@@ -156,6 +157,8 @@ def _consolidate_for_agent(link_id: int, through_id: int) -> AgentOutcome:
     budget = memory_budget(agent)
     db.session.commit()
     for chunk in chunk_messages(messages, current_app.config["CONSOLIDATION_CHUNK_TOKENS"]):
+        if cancelled():  # the job was stopped (its time limit): the cursor stays after the last saved chunk
+            return outcome
         # Read again for each chunk: it sees the memories the chunks before it added.
         prompt = render(
             "consolidation_extract.txt",

@@ -27,6 +27,7 @@ from redis.exceptions import LockError, RedisError
 from rq import Queue, Retry, get_current_job
 from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus
+from rq.timeouts import JobTimeoutException
 
 from webapp.extensions import db
 from webapp.llm import LLMError
@@ -45,6 +46,18 @@ INTERRUPTED = "Interrupted: the worker running this job stopped before it finish
 LIVE_RQ_STATUSES = (JobStatus.QUEUED, JobStatus.SCHEDULED, JobStatus.DEFERRED, JobStatus.STARTED)
 _PENDING = "cairn_pending_jobs"
 
+# Time limits (RQ stops a job that runs longer, raising JobTimeoutException in it). A job's limit follows from
+# the model requests it makes one after another, each allowed LLM_TIMEOUT_SECONDS, plus a margin for the
+# database, tool and Redis work around them. A reply makes at most REPLY_MAX_TOOL_TURNS requests per agent
+# it answers; a summary one. Consolidation (chunks of up to 100k tokens, each request taking up to the full
+# model timeout), compaction (batches) and reflection (pages) make as many as their backlog needs: they get
+# BACKLOG_CALLS requests' time, an hour at the default timeout, and since they commit their progress call by
+# call (cursors, the cut, promotions), one stopped by its limit loses at most the calls in flight, and the
+# next run continues from there.
+JOB_MARGIN_SECONDS = 60
+BACKLOG_CALLS = 30
+NO_MODEL_SECONDS = 300  # a job that asks no model: the finders, ping
+
 # job_type -> how to run it again (from its job_runs row), so the sweep and "Run again" can.
 JOB_TYPES: dict[str, Callable[..., dict[str, Any]]] = {}
 
@@ -60,6 +73,11 @@ class JobKind:
     unique: str | None  # "queued": one queued run per target; "active": one queued or running; None
     resume: bool  # queue it again when its worker died
     on_interrupt: Callable[[JobRun, bool], None] | None  # (the dead run, whether it is queued again)
+    timeout: Callable[..., int] | None  # seconds it may run, from its arguments; None: it asks no model
+
+    def timeout_for(self, args: tuple[Any, ...] | list[Any]) -> int:
+        """The job's time limit for these arguments (RQ's job timeout)."""
+        return int(self.timeout(*args)) if self.timeout else NO_MODEL_SECONDS
 
     def target_of(self, args: tuple[Any, ...]) -> str | None:
         return self.target(*args) if self.target else None
@@ -235,9 +253,30 @@ def _drop_pending(session: sa.orm.Session) -> None:
 
 
 def _push(job_id: str, func: Callable[..., Any], args: list[Any]) -> None:
+    kind: JobKind = func.job_kind
     max_retries, intervals = current_app.config["JOB_MAX_RETRIES"], current_app.config["JOB_RETRY_SECONDS"]
     retry = Retry(max=max_retries, interval=intervals[:max_retries]) if max_retries > 0 else None
-    rq_queue(func.job_kind.queue).enqueue_call(func, args=tuple(args), job_id=job_id, retry=retry)
+    rq_queue(kind.queue).enqueue_call(
+        func, args=tuple(args), job_id=job_id, retry=retry, timeout=kind.timeout_for(args)
+    )
+
+
+def model_time(calls: int) -> int:
+    """Seconds for `calls` model requests one after another, each allowed LLM_TIMEOUT_SECONDS, and the work
+    around them: a job's time limit."""
+    return int(calls * current_app.config["LLM_TIMEOUT_SECONDS"]) + JOB_MARGIN_SECONDS
+
+
+def backlog_time(*_args: Any) -> int:
+    """The time limit of a job that works through a backlog, a committed step per model request."""
+    return model_time(BACKLOG_CALLS)
+
+
+def timed_out() -> str:
+    """What a run, and what it was writing, says when RQ stopped it at its time limit."""
+    job = get_current_job()
+    limit = f" of {job.timeout} seconds" if job is not None and job.timeout else ""
+    return f"Timed out: the job ran past its time limit{limit} and was stopped."
 
 
 # --- running ---
@@ -252,17 +291,20 @@ def recorded_job(
     unique: str | None = None,
     resume: bool = True,
     on_interrupt: Callable[[JobRun, bool], None] | None = None,
+    timeout: Callable[..., int] | None = None,
 ) -> Callable[[Callable[..., dict | None]], Callable[..., dict | None]]:
     """Record each execution of the decorated job in job_runs and hold its target's lock while it runs.
 
     `target` computes, from the job's arguments, a label for what it works on; `of` is the model whose id (or
-    list of ids) the first argument is, and the run is recorded under that record's account. One run per target at a time: a second one finds the lock held and skips. The job
-    returns a dict of counts (or None). A retryable LLM error is re-raised so RQ retries it with backoff (a
-    queued row stands for the next attempt); any other error fails the job at once, its reason in job_runs.
+    list of ids) the first argument is, and the run is recorded under that record's account. One run per
+    target at a time: a second one finds the lock held and skips. `timeout(*args)` is the job's time limit in
+    seconds (see model_time; None: NO_MODEL_SECONDS), after which RQ stops it and its run fails as timed out.
+    The job returns a dict of counts (or None). A retryable LLM error is re-raised so RQ retries it with backoff
+    (a queued row stands for the next attempt); any other error fails the job at once, its reason in job_runs.
     """
 
     def decorator(func: Callable[..., dict[str, Any] | None]):
-        kind = JobKind(job_type, target, of, queue, unique, resume, on_interrupt)
+        kind = JobKind(job_type, target, of, queue, unique, resume, on_interrupt, timeout)
 
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> dict[str, Any]:
@@ -353,6 +395,8 @@ def _finish_run(run_id: int, status: str, *, error: str | None = None, counts: d
 def _describe(error: Exception) -> str:
     if isinstance(error, LLMError):
         return str(error)
+    if isinstance(error, JobTimeoutException):
+        return timed_out()
     return "".join(traceback.format_exception_only(error)).strip()[:2000]
 
 

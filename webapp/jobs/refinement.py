@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from flask import current_app
 
 from webapp.extensions import db
-from webapp.jobs.queue import enqueue, recorded_job
+from webapp.jobs.queue import enqueue, model_time, recorded_job
 from webapp.llm import LLMError
 from webapp.llm.tool_loop import run_tool_loop
 from webapp.models import Agent, AuditLog, JobRun
@@ -99,7 +99,15 @@ def _open_sessions(agent_id: int, since: datetime) -> list[str]:
 
 
 # One session per agent at a time (two would each get the full mutation cap and floor): the job's target lock.
-@recorded_job("refine", target=_target, of=Agent, unique="active", resume=False, on_interrupt=_interrupted)
+@recorded_job(
+    "refine",
+    target=_target,
+    of=Agent,
+    unique="active",
+    resume=False,
+    on_interrupt=_interrupted,
+    timeout=lambda *_: model_time(current_app.config["REFINEMENT_MAX_TURNS"]),
+)
 def refine_agent(agent_id: int, force: bool = False) -> dict[str, Any]:
     """Dedup, then let the agent refine its core memory with the refinement tool (force: even if not due)."""
     agent = db.session.get(Agent, agent_id)

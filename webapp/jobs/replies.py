@@ -7,11 +7,20 @@ from typing import Any
 import sqlalchemy as sa
 from flask import current_app
 from rq import get_current_job
+from rq.timeouts import JobTimeoutException
 
 from webapp import events, llm
 from webapp.extensions import db
 from webapp.jobs.followups import after_new_message
-from webapp.jobs.queue import enqueue, held_lock, lock_holder, recorded_job, redis_connection
+from webapp.jobs.queue import (
+    enqueue,
+    held_lock,
+    lock_holder,
+    model_time,
+    recorded_job,
+    redis_connection,
+    timed_out,
+)
 from webapp.jobs.refinement import trigger_if_over_budget
 from webapp.llm import LLMError
 from webapp.llm.tool_loop import Transcript, run_tool_loop
@@ -51,24 +60,46 @@ def _message_ids(target: str | None) -> list[int]:
 
 def _interrupted(run: JobRun, again: bool) -> None:
     """Its worker died mid-reply: each unfinished reply waits for the new attempt, or fails with Retry."""
+    if again:
+        _leave_unfinished(
+            _message_ids(run.target), "pending", "The worker writing this reply stopped; trying again."
+        )
+    else:
+        reason = "The worker writing this reply stopped again; Retry when the model is reachable."
+        _leave_unfinished(_message_ids(run.target), "failed", reason)
+
+
+def _leave_unfinished(message_ids: list[int], status: str, reason: str) -> None:
+    """Mark the replies among these that are still waiting or being written (a Retry works on a failed one)."""
     unfinished = db.session.scalars(
-        sa.select(Message).where(Message.id.in_(_message_ids(run.target)), Message.status.in_(WAITING))
+        sa.select(Message).where(Message.id.in_(message_ids), Message.status.in_(WAITING))
     ).all()
     for message in unfinished:
-        message.status = "pending" if again else "failed"
-        message.error = (
-            "The worker writing this reply stopped; trying again."
-            if again
-            else "The worker writing this reply stopped again; Retry when the model is reachable."
-        )
+        message.status, message.error = status, reason
     db.session.commit()
     for message in unfinished:
         events.publish(message.chat_id, "final", message.id)
 
 
-@recorded_job("reply", target=_target, of=Message, queue="replies", on_interrupt=_interrupted)
+def _time_limit(message_ids: list[int]) -> int:
+    """Each reply may take its whole tool loop, one model request per turn."""
+    return model_time(len(message_ids) * current_app.config["REPLY_MAX_TOOL_TURNS"])
+
+
+@recorded_job(
+    "reply", target=_target, of=Message, queue="replies", on_interrupt=_interrupted, timeout=_time_limit
+)
 def respond(message_ids: list[int]) -> dict[str, int]:
     """Generate the pending replies in order (one agent, or "ask all"); each sees the replies before it."""
+    try:
+        return _respond(message_ids)
+    except JobTimeoutException:  # RQ stopped the job: what it had not finished fails, with a working Retry
+        db.session.rollback()
+        _leave_unfinished(message_ids, "failed", f"{timed_out()} Retry to ask again.")
+        raise
+
+
+def _respond(message_ids: list[int]) -> dict[str, int]:
     answered, failed = 0, []
     for message_id in message_ids:
         message = db.session.get(Message, message_id)
@@ -89,6 +120,8 @@ def respond(message_ids: list[int]) -> dict[str, int]:
                 if error.retryable and _retries_left() > 0:
                     raise  # RQ retries the job with backoff; finished replies are skipped then
                 failed.append(message_id)
+            except JobTimeoutException:
+                raise
             except Exception:  # generate_reply has marked the reply failed; the next agents still answer
                 log.exception("reply %s failed", message_id)
                 failed.append(message_id)
@@ -122,6 +155,8 @@ def generate_reply(message: Message) -> None:
         will_retry = error.retryable and _retries_left() > 0
         _unfinished(message, f"{error} Trying again shortly." if will_retry else str(error), will_retry)
         raise
+    except JobTimeoutException:
+        raise  # respond fails this reply and the ones after it
     except Exception:
         db.session.rollback()
         _unfinished(message, "Cairn could not build this reply (an internal error was logged).", False)

@@ -8,6 +8,7 @@ from datetime import datetime
 
 from flask import current_app
 from rq_scheduler import Scheduler
+from werkzeug.utils import import_string
 
 from webapp.jobs.queue import redis_connection, rq_queue
 
@@ -63,6 +64,7 @@ def sync() -> list[Schedule]:
             queue_name=current_app.config["RQ_QUEUE"],
             use_local_timezone=False,
             result_ttl=86400,
+            timeout=import_string(item.func).job_kind.timeout_for(()),
         )
     return SCHEDULES
 

@@ -7,7 +7,7 @@ from flask import current_app
 
 from webapp import llm
 from webapp.extensions import db
-from webapp.jobs.queue import enqueue, recorded_job
+from webapp.jobs.queue import enqueue, model_time, recorded_job
 from webapp.llm import LLMError
 from webapp.models import Chat, ChatAgent, Message
 from webapp.models.chats import recent_messages
@@ -34,7 +34,7 @@ def _target(chat_id: int, agent_id: int) -> str:
     return f"chat:{chat_id} agent:{agent_id}"
 
 
-@recorded_job("summarize", target=_target, of=Chat, unique="queued")
+@recorded_job("summarize", target=_target, of=Chat, unique="queued", timeout=lambda *_: model_time(1))
 def summarize(chat_id: int, agent_id: int) -> dict[str, int]:
     """Write the agent's summary of the chat from its last messages; a failure keeps the old summary."""
     chat_agent = db.session.scalar(

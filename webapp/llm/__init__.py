@@ -116,6 +116,14 @@ def complete(
     except LLMError as error:
         _record(record, started, status="error", error=str(error))
         raise
+    except Exception as e:  # stopped from outside (the job's time limit, a Stop): the request was still made
+        _record(
+            record,
+            started,
+            status="error",
+            error=f"Abandoned before the answer was complete ({type(e).__name__}).",
+        )
+        raise
     if not result.prompt_tokens:  # some servers leave usage out of streams; estimate it
         result.prompt_tokens = count_tokens(json.dumps(messages))
         result.completion_tokens = count_tokens(result.text)
