@@ -6,18 +6,22 @@ from datetime import timedelta
 import pytest
 import sqlalchemy as sa
 import time_machine
+from llama_cpp.llama_chat_format import chatml_function_calling
 
 from tests import factories
 from tests.querycount import count_queries
+from webapp import config
+from webapp.config import ConfigError
 from webapp.extensions import db
 from webapp.jobs.consolidation import consolidate_chat
 from webapp.jobs.refinement import refine_agent
 from webapp.jobs.reflection import reflect_agent
 from webapp.models import AgentMemory
 from webapp.prompting.build import PromptTooLarge, build_prompt, fit_to_budget, prompt_tokens
+from webapp.prompting.window import answer_room, text_tokens
 from webapp.timeutil import utcnow
 from webapp.tokens import count_tokens
-from webapp.tools import ToolContext
+from webapp.tools import ToolContext, reply_tools, schemas_for
 from webapp.tools.save_memory import save_memory
 
 
@@ -93,7 +97,7 @@ def test_an_agents_own_budget_wins_over_the_setting(app, chat, ada):
     assert count_tokens(_memory_section(build_prompt(chat, ada))) <= 300
 
 
-def test_fitting_drops_the_oldest_transcript_then_tool_results_then_refuses():
+def test_fitting_drops_the_oldest_transcript_then_tool_results_then_refuses(app):
     messages = [
         {"role": "system", "content": "You are Ada."},
         {"role": "user", "content": "old " * 500},
@@ -104,14 +108,16 @@ def test_fitting_drops_the_oldest_transcript_then_tool_results_then_refuses():
         {"role": "tool", "tool_call_id": "c1", "content": json.dumps({"results": ["x " * 800]})},
     ]  # fmt: skip
 
-    used = fit_to_budget(messages, 200)
+    used = fit_to_budget(messages, budget=200)
 
     assert used <= 200
     assert [m["content"] for m in messages if m["role"] == "user"] == ["newest question"]
     assert "removed" in messages[-1]["content"]
     assert messages[2]["content"].startswith("(Earlier messages")
     with pytest.raises(PromptTooLarge):
-        fit_to_budget([{"role": "system", "content": "word " * 300}, {"role": "user", "content": "hi"}], 100)
+        fit_to_budget(
+            [{"role": "system", "content": "word " * 300}, {"role": "user", "content": "hi"}], budget=100
+        )
 
 
 def test_a_reply_whose_prompt_cannot_fit_fails_with_the_reason(app, fake_llm, chat, ada):
@@ -127,6 +133,125 @@ def test_a_reply_whose_prompt_cannot_fit_fails_with_the_reason(app, fake_llm, ch
     db.session.expire_all()
     assert reply.status == "failed" and "PROMPT_TOKEN_BUDGET" in reply.error
     assert fake_llm.requests == []  # checked before the call
+
+
+# The whole request fits the model's window: messages, tool schemas and the answer's room
+
+
+class _Rendered(Exception):
+    """The prompt llama-cpp-python built for the stand-in model."""
+
+
+class _RendersOnly:
+    verbose = False
+
+    def create_completion(self, prompt: str, **_):
+        raise _Rendered(prompt)
+
+
+def _as_the_local_server_sees_it(messages, tools) -> int:
+    """The tokens of the prompt the local model's server (chatml-function-calling) builds from this request,
+    tools offered, in the local model's own tokenizer."""
+    choice = {"type": "function", "function": {"name": tools[0]["function"]["name"]}}
+    with pytest.raises(_Rendered) as rendered:
+        chatml_function_calling(_RendersOnly(), messages=messages, tools=tools, tool_choice=choice)
+    return text_tokens(rendered.value.args[0])
+
+
+@pytest.fixture
+def local_defaults(app, monkeypatch, tmp_path):
+    """The settings of a Cairn with no configuration: the embedded local model and its window."""
+    for name in ("LLM_BASE_URL", "PROMPT_TOKEN_BUDGET", "MEMORY_TOKEN_BUDGET", "MEMORY_DOC_PROMPT_TOKENS"):
+        monkeypatch.delenv(name, raising=False)
+    defaults = config.load(str(tmp_path))
+    for name in ("LOCAL_LLM", "PROMPT_TOKEN_BUDGET", "MEMORY_TOKEN_BUDGET", "MEMORY_DOC_PROMPT_TOKENS",
+                 "TRANSCRIPT_TOKEN_BUDGET", "TRANSCRIPT_MAX_MESSAGES"):  # fmt: skip
+        app.config[name] = defaults[name]
+    app.config.pop("LLM_MAX_OUTPUT_TOKENS", None)
+    return defaults
+
+
+def test_with_the_local_defaults_a_huge_memory_and_a_long_chat_fit_the_local_window(
+    app, local_defaults, admin, ada
+):
+    ada.enabled_tools = ["save_memory", "recall", "borrow_context"]
+    chat = factories.chat(admin.account, [ada], "Accounts")
+    chat.memory_doc = "\n\n## ".join(
+        f"Part {i}: on 2025-04-{i % 28 + 1:02d} Dana paid invoice {i * 7919} of {i * 37} EUR." * 8
+        for i in range(60)
+    )
+    db.session.commit()
+    now = utcnow()
+    rows = [
+        {"agent_id": ada.id, "memory_type": "core" if i % 2 else "journal", "constitutional": False,
+         "content": f"On 2025-05-{i % 28 + 1:02d} the user paid {i * 37} EUR for item #{i * 13} (ref {i * 7919}).",
+         "token_estimate": 30, "content_hash": f"h{i}", "created_at": now - timedelta(minutes=10_000 - i),
+         "updated_at": now}
+        for i in range(10_000)
+    ]  # fmt: skip
+    db.session.execute(sa.insert(AgentMemory), rows)
+    db.session.commit()
+    for i in range(300):
+        factories.message(chat, f"Message {i}: on 2025-06-{i % 28 + 1:02d} I spent {i * 41} on {i * 3} things.",
+                          author=admin if i % 2 else ada)  # fmt: skip
+
+    prompt = build_prompt(chat, ada)
+
+    tools = schemas_for(reply_tools(ada))
+    sent = _as_the_local_server_sees_it(prompt.messages, tools)
+    assert sent + answer_room() <= config.LOCAL_MODEL_CONTEXT_TOKENS
+    assert prompt_tokens(prompt.messages, tools) >= sent  # the check never counts less than the server sees
+    assert "Message 299:" in prompt.messages[-2]["content"]  # the newest message is always there
+    context = prompt.messages[-1]["content"]
+    assert "# Your memory" in context and "did not fit here" in context
+    assert prompt.messages[1]["content"].startswith("# Conversation so far")
+
+
+def test_the_check_counts_the_tool_schemas_sent_with_the_messages(app):
+    tools = schemas_for(["save_memory", "recall", "borrow_context"])
+    messages = [
+        {"role": "system", "content": "You are Ada."},
+        {"role": "user", "content": "old " * 3000},
+        {"role": "user", "content": "newest question"},
+        {"role": "system", "content": "# Now"},
+    ]
+    without_tools = prompt_tokens(messages)
+    assert prompt_tokens(messages, tools) > without_tools
+
+    used = fit_to_budget(messages, tools, budget=without_tools)
+
+    assert used <= without_tools
+    assert [m["content"] for m in messages if m["role"] == "user"] == ["newest question"]
+
+
+def test_the_default_budget_fits_the_local_models_window_and_a_setting_still_wins(monkeypatch, tmp_path):
+    for name in ("LLM_BASE_URL", "PROMPT_TOKEN_BUDGET"):
+        monkeypatch.delenv(name, raising=False)
+    local = config.load(str(tmp_path))
+    monkeypatch.setenv("LLM_BASE_URL", "https://llm.example.test/v1")
+    provider = config.load(str(tmp_path))
+    monkeypatch.setenv("PROMPT_TOKEN_BUDGET", "50000")
+    chosen = config.load(str(tmp_path))
+
+    assert local["PROMPT_TOKEN_BUDGET"] == config.LOCAL_MODEL_CONTEXT_TOKENS - config.ANSWER_RESERVE_TOKENS
+    assert provider["PROMPT_TOKEN_BUDGET"] == 24_000 and chosen["PROMPT_TOKEN_BUDGET"] == 50_000
+    config.validate(local)
+    config.validate(chosen)  # another provider's window is its own business
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"PROMPT_TOKEN_BUDGET": 8192}, "at most 7168: its window holds 8192 tokens, 1024 of them kept for"),
+        ({"PROMPT_TOKEN_BUDGET": 7000, "LLM_MAX_OUTPUT_TOKENS": 2000}, "at most 6192"),
+    ],
+)
+def test_a_local_budget_that_leaves_the_answer_no_room_is_refused(monkeypatch, tmp_path, settings, message):
+    for name in ("LLM_BASE_URL", "PROMPT_TOKEN_BUDGET"):
+        monkeypatch.delenv(name, raising=False)
+
+    with pytest.raises(ConfigError, match=message):
+        config.validate({**config.load(str(tmp_path)), **settings})
 
 
 # Extraction (14.3)

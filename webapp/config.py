@@ -11,6 +11,8 @@ from typing import Any
 
 LOCAL_LLM_PORT = 8088
 LOCAL_MODEL_ID = "smollm2"
+LOCAL_MODEL_CONTEXT_TOKENS = 8192  # the local model's window (n_ctx): a request and its answer together
+ANSWER_RESERVE_TOKENS = 1024  # the room a request leaves for its answer when LLM_MAX_OUTPUT_TOKENS is unset
 
 
 def _database_uri(instance_path: str) -> str:
@@ -139,7 +141,12 @@ def load(instance_path: str) -> dict:
         # sets its own; the whole input of one reply request, checked before every call of its tool loop;
         # what one recall may bring back.
         "MEMORY_TOKEN_BUDGET": _int("MEMORY_TOKEN_BUDGET", 4000),
-        "PROMPT_TOKEN_BUDGET": _int("PROMPT_TOKEN_BUDGET", 24_000),
+        # PROMPT_TOKEN_BUDGET counts the model's own tokens, tool schemas included: by default the local model's
+        # window less the answer's room, or 24000 with another provider.
+        "PROMPT_TOKEN_BUDGET": _int(
+            "PROMPT_TOKEN_BUDGET",
+            24_000 if os.environ.get("LLM_BASE_URL") else LOCAL_MODEL_CONTEXT_TOKENS - ANSWER_RESERVE_TOKENS,
+        ),
         "RECALL_TOKEN_BUDGET": _int("RECALL_TOKEN_BUDGET", 1200),
         "RECALL_MAX_RESULTS": _int("RECALL_MAX_RESULTS", 8),
         # Spec 003: the model that writes each agent's conversation summaries (empty: the agent's own model),
@@ -208,9 +215,22 @@ def validate(settings: Mapping[str, Any]) -> None:
             "beyond the most recent ones once a chat has more than the threshold."
         )
     _validate_prices(settings["MODEL_PRICES"])
+    if settings["LOCAL_LLM"]:
+        _validate_local_prompt_budget(settings)
     if settings["PREFERRED_URL_SCHEME"] not in ("http", "https"):
         raise ConfigError(
             f"PREFERRED_URL_SCHEME must be http or https, not {settings['PREFERRED_URL_SCHEME']!r}."
+        )
+
+
+def _validate_local_prompt_budget(settings: Mapping[str, Any]) -> None:
+    """The local model's window holds a request and its answer: PROMPT_TOKEN_BUDGET must leave the answer room."""
+    answer = settings.get("LLM_MAX_OUTPUT_TOKENS") or ANSWER_RESERVE_TOKENS
+    if settings["PROMPT_TOKEN_BUDGET"] + answer > LOCAL_MODEL_CONTEXT_TOKENS:
+        raise ConfigError(
+            f"PROMPT_TOKEN_BUDGET is {settings['PROMPT_TOKEN_BUDGET']}; with the local model it must be at most "
+            f"{LOCAL_MODEL_CONTEXT_TOKENS - answer}: its window holds {LOCAL_MODEL_CONTEXT_TOKENS} tokens, "
+            f"{answer} of them kept for the answer."
         )
 
 

@@ -41,28 +41,30 @@ def run_tool_loop(
     agent_id: int,
     chat_id: int | None = None,
     tools_on_last_turn: bool = True,
-    before_turn: Callable[[list[dict[str, Any]]], None] | None = None,
+    before_turn: Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], Any] | None = None,
     on_text: Callable[[str, Transcript], None] | None = None,
     finished: Callable[[], bool] | None = None,
 ) -> Transcript:
     """Run the loop on `messages` (extended in place with the calls and their results).
 
-    run_call(call, transcript) returns the call's JSON-able result. before_turn(messages) may trim the prompt
-    before each request. With on_text(delta, transcript) the model streams, and transcript.text is what came
+    run_call(call, transcript) returns the call's JSON-able result. before_turn(messages, tools) may trim the
+    prompt before each request, knowing the tools sent with it (None on a last turn that offers none). With
+    on_text(delta, transcript) the model streams, and transcript.text is what came
     before this delta. tools_on_last_turn=False leaves tools out of the last turn, so it has to answer.
     """
     transcript = Transcript()
     stream = _streamer(on_text, transcript) if on_text else None
     for turn in range(max_turns):
         db.session.commit()  # hold no transaction (and no SQLite lock) while the model thinks
-        if before_turn:
-            before_turn(messages)
         offered = tools_on_last_turn or turn < max_turns - 1
+        sent_tools = tools if tools and offered else None
+        if before_turn:
+            before_turn(messages, sent_tools)
         result = llm.complete(
             model,
             messages,
             purpose=purpose,
-            tools=tools if tools and offered else None,
+            tools=sent_tools,
             agent_id=agent_id,
             chat_id=chat_id,
             on_text=stream,

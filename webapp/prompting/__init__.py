@@ -1,4 +1,4 @@
-"""Prompts: the templates (templates/, filled in by `render`) and build.py, which assembles a reply's messages.
+"""Prompts: templates/ (filled in by `render`), build.py (a reply's messages), window.py (a request's tokens).
 
 Templates are Jinja files with plain text out."""
 

@@ -20,13 +20,14 @@ from webapp.models import Agent, Chat, ChatAgent, Message, ReplySources, User, p
 from webapp.models.chats import other_conversation_summaries
 from webapp.models.memories import MemoryWithin, memories_within
 from webapp.prompting import render
+from webapp.prompting.window import input_budget, prompt_tokens, text_tokens
 from webapp.timeutil import utcnow
-from webapp.tokens import count_tokens
+from webapp.tools import reply_tools, schemas_for
 
 TRUNCATION_NOTE = "(Earlier messages of this conversation are not shown; only the most recent ones fit.)"
 
-
-MESSAGE_OVERHEAD_TOKENS = 4  # what a chat message costs beyond its content (role and separators)
+MEMORY_SHARE = 3  # memory takes at most a third of the input budget
+SUMMARY_SHARE = 6  # the conversation's summary at most a sixth
 REMOVED_TOOL_RESULT = json.dumps({"error": "This result was removed: the prompt was over its token budget."})
 
 
@@ -35,7 +36,8 @@ class PromptTooLarge(LLMError):
 
     def __init__(self, tokens: int, budget: int):
         super().__init__(
-            f"The prompt needs {tokens:,} tokens, over the {budget:,} allowed (PROMPT_TOKEN_BUDGET).",
+            f"The prompt needs {tokens:,} tokens with its tools, over the {budget:,} allowed (PROMPT_TOKEN_BUDGET, "
+            "less the answer's room in the local model's window).",
             retryable=False,
         )
 
@@ -64,10 +66,10 @@ def build_prompt(chat: Chat, agent: Agent, *, before_message_id: int | None = No
     transcript, truncated = _transcript(chat, agent, before_message_id)
     borrowed = _staged_borrowed_context(chat, agent)
     borrowed_section = _borrowed_section(borrowed)
-    memory = memories_within(agent.id, now, memory_budget(agent))
+    memory, listed = prompt_memory(agent, now)
     summaries = other_conversation_summaries(agent, exclude_chat_id=chat.id)
     context = [
-        memory_section(memory, agent, memory_budget(agent)),
+        listed,
         _other_conversations_section(summaries, agent),
         borrowed_section,
         _now_section(chat, agent, now),
@@ -87,41 +89,40 @@ def build_prompt(chat: Chat, agent: Agent, *, before_message_id: int | None = No
         summary_chat_ids=[s.chat_id for s in summaries],
         borrowed_chat_id=public_ids.decode(borrowed["source_conversation_id"]) if borrowed_section else None,
     )
-    fit_to_budget(messages)
+    fit_to_budget(messages, schemas_for(reply_tools(agent)))
     return Prompt(messages, borrowed if borrowed_section else None, sources)
 
 
 def memory_budget(agent: Agent) -> int:
-    """The tokens the memory section of a prompt may take: the agent's own setting, or the global one."""
-    return agent.memory_token_budget or current_app.config["MEMORY_TOKEN_BUDGET"]
+    """The tokens the memory section of a prompt may take: the agent's own setting, or the global one, and
+    never more than a third of the input budget (the local model's small window holds the tools and the
+    conversation too)."""
+    setting = agent.memory_token_budget or current_app.config["MEMORY_TOKEN_BUDGET"]
+    return min(setting, input_budget() // MEMORY_SHARE)
 
 
-def prompt_tokens(messages: list[dict[str, Any]]) -> int:
-    """The input tokens of a list of chat messages: contents, tool-call arguments and a little per message."""
-    total = 0
-    for message in messages:
-        total += MESSAGE_OVERHEAD_TOKENS + count_tokens(message.get("content") or "")
-        for call in message.get("tool_calls") or []:
-            total += count_tokens(call["function"]["name"]) + count_tokens(call["function"]["arguments"])
-    return total
-
-
-def fit_to_budget(messages: list[dict[str, Any]], budget: int | None = None) -> int:
-    """Bring the messages within the total input budget, in place, before a model call; returns their tokens.
+def fit_to_budget(
+    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, *, budget: int | None = None
+) -> int:
+    """Bring the messages within the input budget, in place, before a model call; returns the tokens of the
+    request (the messages and the tool schemas sent with them).
 
     The oldest transcript messages go first (the newest always stays), then the largest tool results are
     replaced by a short note. What is left over budget after that raises PromptTooLarge, so no memory,
-    summary, borrowed context or tool result can push a request past the model's window.
+    summary, borrowed context, tool list or tool result can push a request past the model's window.
     """
-    budget = budget or current_app.config["PROMPT_TOKEN_BUDGET"]
-    while (used := prompt_tokens(messages)) > budget:
+    budget = budget or input_budget()
+    while (used := prompt_tokens(messages, tools)) > budget:
         if not _drop_oldest_transcript(messages) and not _drop_largest_tool_result(messages):
             raise PromptTooLarge(used, budget)
     return used
 
 
 def _drop_oldest_transcript(messages: list[dict[str, Any]]) -> bool:
-    context_at = max(i for i, m in enumerate(messages) if m["role"] == "system")
+    systems = [i for i, m in enumerate(messages) if m["role"] == "system"]
+    if not systems:
+        return False  # not a reply's prompt (a refinement session's, say): no transcript to shorten
+    context_at = max(systems)
     transcript = [i for i in range(context_at) if messages[i]["role"] in ("user", "assistant")]
     if len(transcript) < 2:
         return False
@@ -179,15 +180,17 @@ def _recalled(messages: list[dict[str, Any]]) -> tuple[list[int], list[int]]:
 def _conversation_so_far(chat: Chat) -> list[dict[str, str]]:
     """Spec 004: the summary of the history before the cut; it changes only when a compaction runs.
 
-    The summary grows by a section per compaction, so only its newest sections within a token budget go in.
+    The summary grows by a section per compaction, so only its newest sections within a token budget go in
+    (MEMORY_DOC_PROMPT_TOKENS, and at most a sixth of the input budget).
     """
     doc = chat.memory_doc.strip()
     if not doc:
         return []
     sections = doc.split("\n\n## ")
-    budget, kept, used = current_app.config["MEMORY_DOC_PROMPT_TOKENS"], [], 0
+    budget = min(current_app.config["MEMORY_DOC_PROMPT_TOKENS"], input_budget() // SUMMARY_SHARE)
+    kept, used = [], 0
     for section in reversed(sections):
-        used += count_tokens(section)
+        used += text_tokens(section)
         if used > budget and kept:
             break
         kept.append(section)
@@ -217,7 +220,7 @@ def _transcript(chat: Chat, agent: Agent, before_message_id: int | None) -> tupl
     used = 0
     for message in newest_first[:limit]:
         entry = _transcript_entry(message, agent)
-        used += count_tokens(entry["content"])
+        used += text_tokens(entry["content"])
         if used > budget and kept:
             break
         kept.append(entry)
@@ -230,13 +233,25 @@ def _transcript_entry(message: Message, agent: Agent) -> dict[str, str]:
     return {"role": "user", "content": f"{message.author_name}: {message.content}"}
 
 
-def memory_section(within: MemoryWithin, agent: Agent, budget: int) -> str:
+def prompt_memory(agent: Agent, now: datetime) -> tuple[MemoryWithin, str]:
+    """The memories an activation's prompt holds now, within the agent's memory budget, and the section that
+    lists them: what the prompt and the chat's memory page both show."""
+    budget = memory_budget(agent)
+    within = memories_within(agent.id, now, budget)
+    return within, _memory_section(within, agent, budget)
+
+
+def _memory_section(within: MemoryWithin, agent: Agent, budget: int) -> str:
     """The memory section within its token budget: what did not fit is left out, and the section says so."""
     can_recall = "recall" in (agent.enabled_tools or [])
-    while count_tokens(text := render("memory.txt", within=within, can_recall=can_recall)) > budget:
-        if not within.core and not within.journal:
+    while (used := text_tokens(text := render("memory.txt", within=within, can_recall=can_recall))) > budget:
+        listed = len(within.core) + len(within.journal)
+        if not listed:
             break  # only the headings and the note are left
-        within.drop_last()  # the running sum estimates; the rendered text is what counts
+        # The running sum estimated in cl100k; the rendered text in the model's tokens is what counts. Leave
+        # out about as many memories as the excess takes, then count again.
+        for _ in range(max(1, (used - budget) * listed // used)):
+            within.drop_last()
     return text
 
 

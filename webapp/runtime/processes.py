@@ -88,7 +88,7 @@ def serve_local_model(port: int, model_alias: str = config.LOCAL_MODEL_ID) -> No
         model=local_model_path(),
         model_alias=model_alias,
         chat_format="chatml-function-calling",
-        n_ctx=8192,
+        n_ctx=config.LOCAL_MODEL_CONTEXT_TOKENS,  # prompting/window.py counts requests against it
         verbose=False,  # llama.cpp's ~2,300 lines of loading output; its errors still print
     )
     app = create_app(server_settings=server, model_settings=[model])

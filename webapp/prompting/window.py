@@ -1,0 +1,128 @@
+"""How much of the model's window a request takes, counted in the model's own tokens.
+
+The embedded local model (SmolLM2 under llama-cpp-python) has a small window and its own tokenizer, which
+counts digits and most non-English text at up to twice what cl100k does. Its chatml-function-calling format
+also HTML-escapes every text, lists the tools' parameters again in every system message, and starts each
+earlier answer with "message:". So with the local model a request is counted as that server renders it; any
+other provider is counted with cl100k, the tools once.
+"""
+
+import functools
+import json
+from typing import Any
+
+from flask import current_app
+from markupsafe import escape
+
+from webapp.config import ANSWER_RESERVE_TOKENS, LOCAL_MODEL_CONTEXT_TOKENS
+from webapp.runtime.processes import local_model_path
+from webapp.tokens import count_tokens
+
+MESSAGE_OVERHEAD_TOKENS = 4  # what a chat message costs beyond its content (role and separators)
+# The local server's format: each message is <|im_start|>role\n ... <|im_end|>\n, the answer starts after
+# <|im_start|>assistant\n (and, with tools, after "functions.<name>:\n" when a call is wanted); after the
+# tool list come about 139 tokens of instructions.
+LOCAL_MESSAGE_OVERHEAD_TOKENS = 5
+LOCAL_ANSWER_START = "<|im_start|>assistant\n"
+LOCAL_EARLIER_ANSWER = "message:\n"
+LOCAL_TOOL_INSTRUCTIONS_TOKENS = 150
+
+
+def answer_room() -> int:
+    """The tokens a request leaves for its answer: LLM_MAX_OUTPUT_TOKENS, or ANSWER_RESERVE_TOKENS."""
+    return current_app.config.get("LLM_MAX_OUTPUT_TOKENS") or ANSWER_RESERVE_TOKENS
+
+
+def input_budget() -> int:
+    """The tokens a request's messages and tool schemas may take: PROMPT_TOKEN_BUDGET, and with the local
+    model never more than its window leaves once the answer has its room."""
+    budget = current_app.config["PROMPT_TOKEN_BUDGET"]
+    if current_app.config["LOCAL_LLM"]:
+        budget = min(budget, LOCAL_MODEL_CONTEXT_TOKENS - answer_room())
+    return budget
+
+
+def text_tokens(text: str) -> int:
+    """The tokens of text in the model's own tokenizer (cl100k for any provider but the local model)."""
+    if current_app.config["LOCAL_LLM"]:
+        return _local_tokens(text or "")
+    return _cl100k_tokens(text or "")
+
+
+def prompt_tokens(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> int:
+    """The input tokens of a request: every message (contents and tool-call arguments) and the tool schemas."""
+    if current_app.config["LOCAL_LLM"]:
+        return _local_request_tokens(messages, tools)
+    total = _cl100k_tokens(json.dumps(tools)) if tools else 0
+    return total + sum(MESSAGE_OVERHEAD_TOKENS + _message_tokens(m, _cl100k_tokens) for m in messages)
+
+
+def _message_tokens(message: dict[str, Any], count: Any) -> int:
+    total = count(message.get("content") or "")
+    for call in message.get("tool_calls") or []:
+        total += count(f"functions.{call['function']['name']}:\n") + count(call["function"]["arguments"])
+    return total
+
+
+def _local_request_tokens(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> int:
+    """The request as the local server renders it (its tool results, which it leaves out, counted too)."""
+    listing = _local_tool_listing(tools)
+    total = _local_tokens(LOCAL_ANSWER_START)
+    if tools:
+        total += max(_local_tokens(f"functions.{t['function']['name']}:\n") for t in tools)
+    for message in messages:
+        total += LOCAL_MESSAGE_OVERHEAD_TOKENS + _message_tokens(message, _local_escaped_tokens)
+        if message["role"] == "system":
+            total += listing
+        elif message["role"] == "assistant" and tools and message.get("content"):
+            total += _local_tokens(LOCAL_EARLIER_ANSWER)
+    return total
+
+
+def _local_tool_listing(tools: list[dict[str, Any]] | None) -> int:
+    """What the local server adds to each system message when tools are offered: their parameters and how
+    to call them."""
+    if not tools:
+        return 0
+    listing = "".join(
+        f"\nfunctions.{t['function']['name']}:\n{json.dumps(t['function'].get('parameters', {}), sort_keys=True)}\n"
+        for t in tools
+    )
+    return _local_tokens(listing) + LOCAL_TOOL_INSTRUCTIONS_TOKENS
+
+
+# A prompt is counted again after each trim: the same texts are counted once.
+@functools.lru_cache(maxsize=512)
+def _cl100k_tokens(text: str) -> int:
+    return count_tokens(text)
+
+
+def _local_escaped_tokens(text: str) -> int:
+    return _local_tokens(str(escape(text)))
+
+
+@functools.lru_cache(maxsize=512)
+def _local_tokens(text: str) -> int:
+    data = text.encode()
+    if not data:
+        return 0
+    llama_cpp, vocabulary = _local_tokenizer()
+    # With no room for tokens, llama.cpp answers minus how many the text needs, without writing any.
+    return -llama_cpp.llama_tokenize(vocabulary, data, len(data), None, 0, False, True)
+
+
+@functools.cache
+def _local_tokenizer() -> tuple[Any, Any]:
+    """llama.cpp and the local model's vocabulary (no weights), loaded once per process that counts, in 0.3 s."""
+    import llama_cpp  # only processes that count for the local model load the library
+
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    model = llama_cpp.llama_model_load_from_file(local_model_path().encode(), params)
+    if not model:
+        raise RuntimeError(f"could not load the local model's vocabulary from {local_model_path()}")
+    _loaded.append(model)  # the vocabulary lives as long as its model
+    return llama_cpp, llama_cpp.llama_model_get_vocab(model)
+
+
+_loaded: list[Any] = []
