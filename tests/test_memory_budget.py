@@ -330,3 +330,22 @@ def test_refinement_lists_a_page_and_pages_through_the_rest(app, fake_llm, ada):
     page_two = json.loads(fake_llm.requests[1]["messages"][-1]["content"])
     assert page_two["type"] == "page" and page_two["page"] == 2
     assert page_two["results"][0]["id"] > memories[0].id
+
+
+def test_refinement_pages_read_earlier_give_way_so_no_turn_outgrows_the_budget(app, fake_llm, ada):
+    app.config["PROMPT_TOKEN_BUDGET"] = 2500
+    app.config["MEMORY_TOKEN_BUDGET"] = 300
+    ada.core_token_budget = 100
+    db.session.commit()
+    for i in range(80):  # five pages
+        factories.memory(ada, f"Core belief {i} about patience with slow roses.")
+    for page in (2, 3, 4, 5):
+        fake_llm.reply(tool_calls=[("refine_memory", {"action": "page", "page": str(page)})])
+    fake_llm.reply(tool_calls=[("refine_memory", {"action": "complete", "summary": "read it all"})])
+
+    refine_agent(ada.id, force=True)
+
+    assert len(fake_llm.requests) == 5
+    assert all(prompt_tokens(r["messages"], r.get("tools")) <= 2500 for r in fake_llm.requests)
+    results = [m["content"] for m in fake_llm.requests[-1]["messages"] if m["role"] == "tool"]
+    assert "removed" in results[0] and json.loads(results[-1])["page"] == 5  # the newest page is whole

@@ -125,6 +125,22 @@ def test_the_prompt_holds_core_memories_and_numbered_journal_entries_and_uses_th
     assert f"3. [{today}] I work best when I ask clarifying questions" in prompt
 
 
+def test_core_memories_beyond_the_budget_are_left_out_and_the_prompt_says_so(app, agent, journal, fake_llm):
+    app.config["MEMORY_TOKEN_BUDGET"] = 200
+    core = [factories.memory(agent, f"Core belief {i} about patience with slow roses.") for i in range(30)]
+    fake_llm.reply('{"promote": []}')
+
+    reflect_agent(agent.id)
+
+    prompt = fake_llm.requests[-1]["messages"][0]["content"]
+    listed = prompt.split("## Your Core Memories (permanent)")[1].split("## Recent Journal Entries")[0]
+    shown = [m for m in core if f"{m.content}\n" in listed]
+    assert shown == core[: len(shown)] and 0 < len(shown) < 30  # the oldest, as in a reply's prompt
+    assert (
+        f"({30 - len(shown)} more core memories did not fit here; they are still in your memory.)" in listed
+    )
+
+
 def test_one_agents_failure_does_not_stop_the_others(app, admin, agent, journal, fake_llm):
     other = factories.agent(admin.account, "Basil")
     factories.memory(other, "Some observation", "journal")

@@ -19,7 +19,7 @@ from webapp.models import Agent, AuditLog, JobRun
 from webapp.models.audit import ROLLED_BACK, dedup_for_agent, session_rows
 from webapp.models.memories import core_memories, core_token_usage, core_tokens, needs_refinement
 from webapp.prompting import render
-from webapp.prompting.build import memory_budget
+from webapp.prompting.build import fit_to_budget, memory_budget
 from webapp.timeutil import utcnow
 from webapp.tools import RefinementSession, run_tool_call, schemas_for
 from webapp.tools.refinement import TOOL, VIA
@@ -178,6 +178,7 @@ def _tool_loop(session: RefinementSession, prompt: str) -> None:
             max_turns=current_app.config["REFINEMENT_MAX_TURNS"],
             agent_id=session.agent.id,
             finished=lambda: session.finished,
+            before_turn=fit_to_budget,  # pages read earlier give way before the prompt outgrows its budget
         )
     except LLMError as error:
         db.session.rollback()

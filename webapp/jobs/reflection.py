@@ -3,6 +3,7 @@ and promotes the entries it chooses to core (the type changes; the content and t
 
 import logging
 import uuid
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -57,8 +58,7 @@ def reflect_agent(agent_id: int) -> dict[str, Any]:
     if not entries:
         return {"entries": 0, "promoted": 0}
     budget = memory_budget(agent)
-    core_pages = token_pages(db.session.scalars(core_memories(agent.id)).all(), budget)
-    core = [m.content for m in core_pages[0]] if core_pages else []  # the oldest, as in a reply's prompt
+    core = _core_listing(agent, budget)
     totals = {"entries": len(entries), "promoted": 0, "ignored": 0}
     session_id = str(uuid.uuid4())
     for page in token_pages(entries, budget):
@@ -67,11 +67,27 @@ def reflect_agent(agent_id: int) -> dict[str, Any]:
     return totals
 
 
+@dataclass
+class CoreListing:
+    """The core memories a reflection prompt lists (the oldest that fit the budget) and how many did not fit."""
+
+    contents: list[str]
+    left_out: int
+
+
+def _core_listing(agent: Agent, budget: int) -> CoreListing:
+    pages = token_pages(db.session.scalars(core_memories(agent.id)).all(), budget)
+    listed = pages[0] if pages else []  # the oldest, as in a reply's prompt
+    return CoreListing([m.content for m in listed], sum(len(page) for page in pages[1:]))
+
+
 def _reflect_on_page(
-    agent: Agent, core: list[str], entries: list[AgentMemory], session_id: str
+    agent: Agent, core: CoreListing, entries: list[AgentMemory], session_id: str
 ) -> dict[str, int]:
     """One request: the model picks entries of this page to promote."""
-    prompt = render("reflection.txt", core_memories=core, journal_entries=entries)
+    prompt = render(
+        "reflection.txt", core_memories=core.contents, core_left_out=core.left_out, journal_entries=entries
+    )
     numbered = {i: m.id for i, m in enumerate(entries, start=1)}
     model, agent_id = agent.model_id, agent.id
     db.session.commit()  # no transaction stays open while the model thinks

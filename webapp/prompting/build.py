@@ -107,13 +107,13 @@ def fit_to_budget(
     """Bring the messages within the input budget, in place, before a model call; returns the tokens of the
     request (the messages and the tool schemas sent with them).
 
-    The oldest transcript messages go first (the newest always stays), then the largest tool results are
-    replaced by a short note. What is left over budget after that raises PromptTooLarge, so no memory,
+    The oldest transcript messages go first (the newest always stays), then the tool results, oldest first
+    (the model has read them; a refinement's earlier pages, say), are replaced by a short note. What is left over budget after that raises PromptTooLarge, so no memory,
     summary, borrowed context, tool list or tool result can push a request past the model's window.
     """
     budget = budget or input_budget()
     while (used := prompt_tokens(messages, tools)) > budget:
-        if not _drop_oldest_transcript(messages) and not _drop_largest_tool_result(messages):
+        if not _drop_oldest_transcript(messages) and not _drop_oldest_tool_result(messages):
             raise PromptTooLarge(used, budget)
     return used
 
@@ -133,12 +133,13 @@ def _drop_oldest_transcript(messages: list[dict[str, Any]]) -> bool:
     return True
 
 
-def _drop_largest_tool_result(messages: list[dict[str, Any]]) -> bool:
-    results = [m for m in messages if m["role"] == "tool" and m["content"] != REMOVED_TOOL_RESULT]
-    if not results:
-        return False
-    max(results, key=lambda m: len(m["content"]))["content"] = REMOVED_TOOL_RESULT
-    return True
+def _drop_oldest_tool_result(messages: list[dict[str, Any]]) -> bool:
+    """Replace the oldest tool result that the note would shorten; False when there is none."""
+    for message in messages:
+        if message["role"] == "tool" and len(message["content"]) > len(REMOVED_TOOL_RESULT):
+            message["content"] = REMOVED_TOOL_RESULT
+            return True
+    return False
 
 
 def record_sources(message: Message, prompt: Prompt) -> ReplySources:

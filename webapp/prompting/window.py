@@ -65,13 +65,15 @@ def _message_tokens(message: dict[str, Any], count: Any) -> int:
 
 
 def _local_request_tokens(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> int:
-    """The request as the local server renders it (its tool results, which it leaves out, counted too)."""
+    """The request as the local server renders it."""
     listing = _local_tool_listing(tools)
     total = _local_tokens(LOCAL_ANSWER_START)
     if tools:
         total += max(_local_tokens(f"functions.{t['function']['name']}:\n") for t in tools)
     for message in messages:
-        total += LOCAL_MESSAGE_OVERHEAD_TOKENS + _message_tokens(message, _local_escaped_tokens)
+        # Tool results are counted as sent, unescaped: this format leaves them out, another would not.
+        count = _local_tokens if message["role"] == "tool" else _local_escaped_tokens
+        total += LOCAL_MESSAGE_OVERHEAD_TOKENS + _message_tokens(message, count)
         if message["role"] == "system":
             total += listing
         elif message["role"] == "assistant" and tools and message.get("content"):
