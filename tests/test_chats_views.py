@@ -399,6 +399,32 @@ def test_an_agents_memory_from_the_chat_read_only_for_members(client, auth, admi
     assert f'/chats/{chat.id}/agents/{ada.id}/memory"' in client.get(f"/chats/{chat.id}").text
 
 
+def test_an_agents_memory_page_shows_what_its_prompt_holds_and_what_did_not_fit(app, client, signed_in, ada):
+    from webapp.models import AgentMemory
+    from webapp.prompting.build import build_prompt
+
+    app.config["MEMORY_TOKEN_BUDGET"] = 200
+    chat = factories.chat(signed_in.account, [ada])
+    db.session.add_all(
+        [
+            AgentMemory(agent=ada, content=f"Core fact {i} about the garden.", memory_type="core")
+            for i in range(20)
+        ]
+        + [
+            AgentMemory(agent=ada, content=f"Journal note {i} about the roses.", memory_type="journal")
+            for i in range(20)
+        ]
+    )
+    db.session.commit()
+
+    page = " ".join(client.get(f"/chats/{chat.id}/agents/{ada.id}/memory").text.split())
+
+    held = build_prompt(chat, ada).sources.memory_ids
+    assert [int(i) for i in re.findall(r'id="memory-(\d+)"', page)] == held and 0 < len(held) < 40
+    core_out = 20 - sum(1 for i in held if db.session.get(AgentMemory, i).memory_type == "core")
+    assert f"{core_out} core memories and {40 - len(held) - core_out} journal entries did not fit" in page
+
+
 def test_chat_page_lists_the_chats_with_a_preview_and_focuses_the_composer(client, signed_in, ada):
     tea = factories.chat(signed_in.account, [ada], "Tea")
     factories.message(tea, "Green or black?", author=ada)

@@ -29,7 +29,7 @@ from webapp.jobs.followups import after_new_message
 from webapp.jobs.replies import request_replies, retry_refusal, retry_reply, stop_reply
 from webapp.models import Agent, AuditLog, Chat, ChatAgent, Message
 from webapp.models.chats import other_conversations
-from webapp.models.memories import prompt_memories
+from webapp.prompting.build import prompt_memory
 from webapp.timeutil import utcnow
 from webapp.web.auth import owned_or_404
 from webapp.web.fragments import fragment_requested, page_or_fragment
@@ -453,16 +453,15 @@ def edit_message(chat_id: int, message_id: int) -> ResponseReturnValue:
 @bp.get("/<int:chat_id>/agents/<int:agent_id>/memory")
 @login_required
 def agent_memory(chat_id: int, agent_id: int) -> ResponseReturnValue:
-    """What an agent of this chat remembers, read-only: exactly the memories its next prompt holds (core
-    memories and the journal of the last 7 days). Admins get a link to the ledger to change them."""
+    """What an agent of this chat remembers, read-only: the memories its next prompt holds (its budget's worth
+    of core memories and the journal of the last 7 days) and how many did not fit. Admins get a link to the
+    ledger to change them."""
     chat = owned_or_404(Chat, chat_id)
     agent = next((a for a in chat.agents if a.id == agent_id), None)
     if agent is None:
         abort(404)
-    memories = db.session.scalars(prompt_memories(agent.id, utcnow())).all()
-    core = [m for m in memories if m.memory_type == "core"]
-    journal = [m for m in memories if m.memory_type == "journal"]
-    return render_template("chats/agent_memory.html", chat=chat, agent=agent, core=core, journal=journal)
+    held, _section = prompt_memory(agent, utcnow())
+    return render_template("chats/agent_memory.html", chat=chat, agent=agent, held=held)
 
 
 @bp.post("/<int:chat_id>/rename")
