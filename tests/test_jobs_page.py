@@ -9,6 +9,7 @@ import sqlalchemy as sa
 
 import webapp.admin
 from tests import factories
+from tests.conftest import ARTIFACTS
 from tests.querycount import count_queries
 from webapp.extensions import db
 from webapp.jobs.queue import rq_queue
@@ -45,9 +46,11 @@ def test_jobs_is_a_full_page_and_a_fragment(client, signed_in):
 
 def test_a_run_shows_status_duration_tokens_and_error(client, signed_in, ada, stranger):
     started = utcnow() - timedelta(minutes=5)
+    chat = factories.chat(signed_in.account, [ada], "Trip planning")
+    reply = factories.message(chat, "", author=ada, status="failed")
     run = factories.job_run(
         signed_in.account,
-        target="messages:7",
+        target=f"messages:{reply.id}",
         status="failed",
         started_at=started,
         finished_at=started + timedelta(seconds=125),
@@ -59,11 +62,98 @@ def test_a_run_shows_status_duration_tokens_and_error(client, signed_in, ada, st
 
     row = _row(client.get("/admin/jobs").text, run)
 
-    assert '<span class="status failed">failed</span>' in row and "messages:7" in row
+    assert '<span class="status failed">failed</span>' in row
+    assert f'<a href="/chats/{chat.id}">Trip planning</a>' in row
     assert "2 min 05 s" in row
     assert "2,000 / 50" in row
     assert "HTTP 400: context too long" in row
     assert "Run again" in row
+
+
+def _runs_fragment(client) -> str:
+    return client.get("/admin/jobs", headers={**HTMX, "HX-Target": "job-runs"}).text
+
+
+def test_runs_read_as_what_they_did_and_name_what_they_worked_on(client, signed_in, ada, stranger):
+    basil = factories.agent(signed_in.account, "Basil")
+    group = factories.chat(signed_in.account, [ada, basil], "Trip planning")
+    untitled = factories.chat(signed_in.account, [ada])
+    answers = [factories.message(group, "", author=agent, status="failed") for agent in (ada, basil)]
+    theirs = factories.chat(stranger.account, [factories.agent(stranger.account, "Mallory")], "Globex plans")
+    account = signed_in.account
+    runs = {
+        "reply": factories.job_run(account, "reply", target=f"messages:{answers[0].id},{answers[1].id}"),
+        "summarize": factories.job_run(account, "summarize", target=f"chat:{group.id} agent:{basil.id}"),
+        "consolidate": factories.job_run(account, "consolidate", target=f"chat:{untitled.id}"),
+        "compact": factories.job_run(account, "compact", target=f"chat:{group.id}"),
+        "refine": factories.job_run(account, "refine", target=f"agent:{ada.id}"),
+        "reflect": factories.job_run(account, "reflect", target=f"agent:{ada.id}"),
+        "foreign": factories.job_run(account, "compact", target=f"chat:{theirs.id}"),
+    }
+
+    html = _runs_fragment(client)
+
+    def row(name: str) -> str:
+        return " ".join(_row(html, runs[name]).split())
+
+    chat_link, ada_link = (
+        f'<a href="/chats/{group.id}">Trip planning</a>',
+        f'<a href="/agents/{ada.id}/edit">Ada</a>',
+    )
+    basil_link = f'<a href="/agents/{basil.id}/edit">Basil</a>'
+    assert "<strong>Reply</strong>" in row("reply") and chat_link in row("reply")
+    assert ada_link in row("reply") and basil_link in row("reply")
+    assert "<strong>Summarize conversation</strong>" in row("summarize")
+    assert chat_link in row("summarize") and basil_link in row("summarize") and "Ada" not in row("summarize")
+    assert "<strong>Extract memories from chat</strong>" in row("consolidate")
+    assert f'<a href="/chats/{untitled.id}">Conversation {untitled.id}</a>' in row("consolidate")
+    assert "<strong>Compact chat history</strong>" in row("compact") and chat_link in row("compact")
+    assert "<strong>Refine core memory</strong>" in row("refine") and ada_link in row("refine")
+    assert "<strong>Reflect on the journal</strong>" in row("reflect") and ada_link in row("reflect")
+    assert "Globex plans" not in html and "a chat no longer here" in row("foreign")
+    for internal in ("messages:", "chat:", "agent:", "summarize<", "consolidate<"):
+        assert internal not in html
+
+
+def test_the_job_filter_offers_job_names_in_words(client, signed_in):
+    html = client.get("/admin/jobs?type=refine").text
+
+    assert '<option value="refine" selected>Refine core memory</option>' in html
+    assert '<option value="reply">Reply</option>' in html
+
+
+@pytest.mark.parametrize(
+    ("error", "shown", "hidden"),
+    [
+        ("webapp.jobs.replies.ReplyFailed: replies failed: 8", "1 reply failed", "ReplyFailed"),
+        ("ReplyFailed: replies failed: 8, 9, 12", "3 replies failed", "replies failed:"),
+        (
+            "LLMError: The model returned HTTP 404: no such model",
+            "The model returned HTTP 404: no such model",
+            "LLMError",
+        ),
+        (
+            "rq.timeouts.JobTimeoutException: Task exceeded maximum timeout value (3600 seconds)",
+            "Stopped: it ran longer than its time limit (3600 seconds)",
+            '<summary class="error">rq.timeouts',
+        ),
+    ],
+)
+def test_errors_read_as_sentences(client, signed_in, error, shown, hidden):
+    run = factories.job_run(signed_in.account, "reply", status="failed", error=error)
+
+    row = _row(_runs_fragment(client), run)
+
+    assert shown in row and hidden not in row
+
+
+def test_an_unexpected_errors_type_is_kept_under_details(client, signed_in):
+    error = "sqlalchemy.exc.OperationalError: database is locked"
+    run = factories.job_run(signed_in.account, "compact", status="failed", error=error)
+
+    row = _row(_runs_fragment(client), run)
+
+    assert '<summary class="error">Database is locked</summary>' in row and f"<pre>{error}</pre>" in row
 
 
 def test_a_run_with_no_account_is_shown_to_no_tenant_and_cannot_be_run_again(client, signed_in, ada):
@@ -184,9 +274,12 @@ def test_members_are_forbidden(client, auth, member, admin):
 
 def _fill(account, agent, count: int) -> None:
     start = utcnow() - timedelta(days=1)
+    chat = factories.chat(account, [agent], "Trip planning")
+    message = factories.message(chat, "", author=agent)
     runs = [
         {
             "job_type": ("reply", "summarize")[i % 2],
+            "target": (f"messages:{message.id}", f"chat:{chat.id} agent:{agent.id}")[i % 2],
             "account_id": account.id,
             "status": ("done", "failed")[i % 2],
             "args": [[i]],
@@ -223,10 +316,40 @@ def test_the_page_runs_the_same_queries_for_10_or_1000_runs(client, signed_in, a
         assert len(_run_ids(html)) == min(count, 50)
         return counted.count
 
-    assert queries(10) == queries(1000) <= 6
+    assert queries(10) == queries(1000) <= 7  # runs, calls, the filters; messages, chats and agents named
 
 
 def test_the_admin_pages_ask_whether_htmx_sent_a_post_in_one_place():
     admin = Path(webapp.admin.__file__).parent
     asking = sorted(path.name for path in admin.glob("*.py") if "HX-Request" in path.read_text())
     assert asking == ["common.py"]
+
+
+@pytest.mark.browser
+def test_the_jobs_page_fits_a_1280_pixel_window(page, live_server, live_app):
+    admin = factories.user(factories.account(), "dana@example.com", "admin")
+    live_app.config["MODEL_PRICES"] = {"ada-model": {"input": 3, "output": 15}}
+    ada = factories.agent(admin.account, "Ada")
+    chat = factories.chat(admin.account, [ada], "Planning the long walk along the coast " * 4)
+    replies = [factories.message(chat, "", author=ada, status="failed") for _ in range(12)]
+    error = "LLMError: The model returned HTTP 404: " + "no-such-model/" * 30
+    target = "messages:" + ",".join(str(reply.id) for reply in replies)
+    run = factories.job_run(admin.account, "reply", status="failed", target=target, error=error, args=[[1]])
+    factories.llm_call(ada, job_run_id=run.id, prompt_tokens=1_234_567, completion_tokens=89_012)
+    factories.job_run(
+        admin.account, "summarize", target=f"chat:{chat.id} agent:{ada.id}", counts={"a" * 80: 1}
+    )
+    page.set_viewport_size({"width": 1280, "height": 800})
+    page.goto(f"{live_server}/login")
+    page.get_by_label("Email").fill("dana@example.com")
+    page.get_by_label("Password").fill(factories.PASSWORD)
+    page.get_by_role("button", name="Sign in").click()
+
+    page.goto(f"{live_server}/admin/jobs")
+
+    assert page.get_by_role("cell", name="Reply").first.is_visible()
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "jobs-1280.png"), full_page=True)
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1280
+    table, column = page.locator("#job-runs table").bounding_box(), page.locator("#job-runs").bounding_box()
+    assert table["width"] <= column["width"]  # the table fits the page's column too

@@ -90,7 +90,7 @@ def test_refine_now_shows_its_status_live(page, live_server, ada, worker_process
 
     _sign_in(page, live_server)
     page.goto(f"{live_server}/admin/agents/{ada.id}/memories")
-    page.get_by_role("button", name="Refine now").click()
+    page.get_by_role("button", name="Refine core memory now").click()
 
     status = page.locator("#run-refine")
     expect(status.locator(".status")).to_have_text("queued")

@@ -376,6 +376,25 @@ def test_the_agents_list_links_to_each_ledger(client, signed_in, ada):
 # Run now
 
 
+def test_run_now_buttons_say_what_they_do(client, signed_in, ada):
+    html = client.get(_url(ada)).text
+
+    buttons = re.findall(r'<button type="submit">([^<]*now)</button>', html)
+    assert buttons == [
+        "Refine core memory now",
+        "Reflect on the journal now",
+        "Extract memories from group chats now",
+    ]
+
+
+def test_a_plain_run_now_post_flashes_what_was_queued(client, signed_in, ada):
+    factories.memory(ada, "Dana likes tea")
+
+    response = client.post(f"/admin/agents/{ada.id}/run/reflect", follow_redirects=True)
+
+    assert "Queued: reflect on the journal." in response.text
+
+
 def _status(client, agent, kind, html):
     after = re.search(r"after=(\d+)", html).group(1)
     return client.get(f"/admin/agents/{agent.id}/run/{kind}?after={after}", headers=HTMX)
@@ -421,7 +440,8 @@ def test_a_failed_run_shows_its_error_and_stops_polling(client, signed_in, ada):
     failed = _status(client, ada, "reflect", queued.text).text
 
     assert rq_queue().jobs[0].func_name == "webapp.jobs.reflection.reflect_agent"
-    assert '<span class="status failed">failed</span>' in failed and "LLMError: HTTP 500" in failed
+    assert '<span class="status failed">failed</span>' in failed and "HTTP 500" in failed
+    assert "LLMError" not in failed
     assert "every 2s" not in failed
 
 
@@ -450,7 +470,9 @@ def test_run_now_refuses_with_a_reason(client, signed_in, ada):
     db.session.commit()
     paused = client.post(f"/admin/agents/{ada.id}/run/refine", headers=HTMX)
 
-    assert no_chats.status_code == 422 and "Ada is in no group chat to consolidate." in no_chats.text
+    assert (
+        no_chats.status_code == 422 and "Ada is in no group chat to extract memories from." in no_chats.text
+    )
     assert paused.status_code == 422 and "Ada is paused" in paused.text
     assert rq_queue().jobs == [] and client.post(f"/admin/agents/{ada.id}/run/other").status_code == 404
 

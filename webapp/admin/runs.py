@@ -23,7 +23,12 @@ from webapp.jobs.reflection import reflect_agent
 from webapp.models import Agent, AuditLog, Chat, ChatAgent, JobRun
 from webapp.web.auth import admin_required, owned_or_404
 
-KINDS = {"refine": "Refine now", "reflect": "Reflect now", "consolidate": "Consolidate now"}
+# What each button does, in the words it shows (the keys are job types).
+KINDS = {
+    "refine": "Refine core memory now",
+    "reflect": "Reflect on the journal now",
+    "consolidate": "Extract memories from group chats now",
+}
 
 
 @dataclass
@@ -139,13 +144,13 @@ def run_now(agent_id: int, kind: str) -> ResponseReturnValue:
     if agent.paused:
         progress.message = f"{agent.name} is paused; unpause the agent to run its memory jobs."
     elif not progress.targets:
-        progress.message = f"{agent.name} is in no group chat to consolidate."
+        progress.message = f"{agent.name} is in no group chat to extract memories from."
     else:
         waiting_since = _enqueue(kind, agent, progress.targets)
         if waiting_since is not None:  # the click follows the run already waiting for that target
             progress.after = min(progress.after, waiting_since - 1)
         db.session.commit()
-    flash_text = progress.message or f"{KINDS[kind].removesuffix(' now')} queued."
+    flash_text = progress.message or f"Queued: {KINDS[kind].removesuffix(' now').lower()}."
     url = url_for("admin.ledger", agent_id=agent.id)
     return answer(
         "memories/_run.html", 422 if progress.message else 200, url, flash_text, **_view(agent, progress)

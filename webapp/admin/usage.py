@@ -16,6 +16,7 @@ from sqlalchemy.sql.functions import FunctionElement
 
 import webapp.jobs
 from webapp.admin.common import answer, bp
+from webapp.admin.run_words import worked_on
 from webapp.extensions import db
 from webapp.jobs.queue import JOB_TYPES, enqueue
 from webapp.models import Agent, JobRun, LlmCall
@@ -266,6 +267,7 @@ def jobs() -> ResponseReturnValue:
     ids = [run.id for run in runs]
     usage = _fold(_grouped([LlmCall.job_run_id], LlmCall.job_run_id.in_(ids)), lambda r: r.job_run_id)
     context = dict(runs=runs, usage=usage, filters=filters, page=page, has_more=len(found) > RUNS_PER_PAGE)
+    context["worked_on"] = worked_on(runs)
     context["job_functions"] = JOB_TYPES
     if not fragment_requested("job-runs"):
         context.update(job_types=_job_types(), statuses=JOB_RUN_STATUSES)
