@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -68,6 +69,41 @@ def local_app(app, local_model_url):
     # The server generates one request at a time: a rambling answer would hold up the next test for minutes.
     app.config["LLM_MAX_OUTPUT_TOKENS"] = 300
     return app
+
+
+def test_health_probes_during_a_reply_neither_cut_it_nor_wait_for_it(local_app, local_model_url):
+    """Every page polls the service status, which lists the model server's models. llama-cpp-python's server
+    cuts the answer it is streaming when any request comes in, and makes the listing wait for the answer: the
+    local server answers the listing itself and lets the answer finish."""
+    listing_seconds = []
+
+    def probe_while_streaming(deltas: list[str]) -> None:
+        wait_for(lambda: deltas, seconds=60, what="the first token")
+        for _ in range(3):
+            started = time.monotonic()
+            with urllib.request.urlopen(f"{local_model_url}/models", timeout=10) as response:
+                assert LOCAL_MODEL_ID in [m["id"] for m in json.load(response)["data"]]
+            listing_seconds.append(time.monotonic() - started)
+
+    deltas: list[str] = []
+    prober = threading.Thread(target=probe_while_streaming, args=(deltas,))
+    prober.start()
+    result = llm.complete(
+        LOCAL_MODEL_ID,
+        [
+            {
+                "role": "user",
+                "content": "Write a long story about a cat who learns to sail, in many paragraphs.",
+            }
+        ],
+        purpose="reply",
+        on_text=deltas.append,
+        tools=[SAVE_MEMORY],
+    )
+    prober.join()
+
+    assert result.finish_reason in {"stop", "length", "tool_calls"}
+    assert len(listing_seconds) == 3 and max(listing_seconds) < 5  # answered, not queued behind the reply
 
 
 def test_a_streamed_reply_arrives_token_by_token(local_app):

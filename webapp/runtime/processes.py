@@ -78,12 +78,17 @@ def llm_server_argv(port: int) -> list[str]:
 
 
 def serve_local_model(port: int, model_alias: str = config.LOCAL_MODEL_ID) -> None:
-    """llama-cpp-python's server, with llama.cpp logging only its errors and no access log."""
+    """llama-cpp-python's server, with llama.cpp logging only its errors and no access log.
+
+    It generates one answer at a time. By default it cuts the answer it is streaming whenever another request
+    arrives, even a listing of its models, which every page's service-status poll makes: so it does not
+    interrupt, and it lists its one model itself, without waiting for the answer in progress."""
     import uvicorn
+    from fastapi.responses import JSONResponse
     from llama_cpp.server.app import create_app
     from llama_cpp.server.settings import ModelSettings, ServerSettings
 
-    server = ServerSettings(host="127.0.0.1", port=port)
+    server = ServerSettings(host="127.0.0.1", port=port, interrupt_requests=False)
     model = ModelSettings(
         model=local_model_path(),
         model_alias=model_alias,
@@ -92,6 +97,17 @@ def serve_local_model(port: int, model_alias: str = config.LOCAL_MODEL_ID) -> No
         verbose=False,  # llama.cpp's ~2,300 lines of loading output; its errors still print
     )
     app = create_app(server_settings=server, model_settings=[model])
+    listing = {
+        "object": "list",
+        "data": [{"id": model_alias, "object": "model", "owned_by": "me", "permissions": []}],
+    }
+
+    @app.middleware("http")
+    async def list_models_without_waiting(request, call_next):
+        if request.method == "GET" and request.url.path == "/v1/models":
+            return JSONResponse(listing)
+        return await call_next(request)
+
     uvicorn.run(app, host=server.host, port=server.port, log_level="warning", access_log=False)
 
 
