@@ -299,3 +299,53 @@ def test_parts_running_in_threads_stop_when_their_job_gives_up(app):
 
     assert saw_cancel == [1]
     assert not cancelled()  # outside the parts, nothing is cancelled
+
+
+# One job per target, even when two transactions enqueue it at the same moment
+
+
+def test_two_transactions_queueing_the_same_unique_job_at_once_queue_it_once(app, admin):
+    import threading
+
+    from tests import factories
+    from webapp.jobs.summaries import summarize
+
+    ada = factories.agent(admin.account, "Ada")
+    chat = factories.chat(admin.account, [ada])
+    chat_id, agent_id = chat.id, ada.id
+    assert (
+        enqueue(summarize, chat_id, agent_id) is not None
+    )  # the first post's transaction: not committed yet
+    db.session.flush()
+    second_writes, second_result = threading.Event(), []
+
+    def signal_its_write(conn, cursor, statement, *args):
+        if threading.current_thread().name == "second" and statement.lstrip().upper().startswith(
+            ("INSERT", "UPDATE")
+        ):
+            second_writes.set()
+
+    def second_post() -> None:  # another request, in its own session, between the first's check and commit
+        with app.app_context():
+            try:
+                second_result.append(enqueue(summarize, chat_id, agent_id))
+                db.session.commit()
+            finally:
+                second_writes.set()
+                db.session.remove()
+
+    sa.event.listen(db.engine, "before_cursor_execute", signal_its_write)
+    try:
+        second = threading.Thread(target=second_post, name="second")
+        second.start()
+        assert second_writes.wait(
+            30
+        )  # the second is about to write (SQLite: it waits for the first) or is done
+        db.session.commit()
+        second.join(30)
+    finally:
+        sa.event.remove(db.engine, "before_cursor_execute", signal_its_write)
+
+    assert second_result == [None]
+    assert [(r.job_type, r.status) for r in _runs()] == [("summarize", "queued")]
+    assert len(rq_queue().get_jobs()) == 1

@@ -8,6 +8,7 @@ expires within LOCK_SECONDS, and the sweep then closes its run as "interrupted" 
 """
 
 import functools
+import hashlib
 import logging
 import threading
 import time
@@ -183,12 +184,13 @@ def enqueue(func: Callable[..., Any], *args: Any, once_per: float | None = None)
     """Record a queued run of func(*args) in this transaction; RQ gets the job once it commits.
 
     None when nothing was added: the job kind is `unique` and a run for the same target is already waiting
-    (see waiting_run), or once_per (seconds) says the same job and target was enqueued that recently. That
-    period starts only when this transaction commits, so a rollback does not block the next attempt.
+    (see waiting_run) or being added by a concurrent transaction, or once_per (seconds) says the same job and
+    target was enqueued that recently. That period starts only when this transaction commits, so a rollback does
+    not block the next attempt.
     """
     kind: JobKind = func.job_kind
     target = kind.target_of(args)
-    if kind.unique and waiting_run(func, *args) is not None:
+    if kind.unique and (not _only_adder(kind, target) or waiting_run(func, *args) is not None):
         return None
     once_name = f"{kind.job_type}:{target}" if once_per else None
     if once_name and _recently(once_name):
@@ -210,6 +212,25 @@ def waiting_run(func: Callable[..., Any], *args: Any) -> JobRun | None:
         .order_by(JobRun.id)
         .limit(1)
     )
+
+
+def _only_adder(kind: JobKind, target: str | None) -> bool:
+    """Make this transaction the only one that may add a run of this kind for this target until it ends, so the
+    check for a waiting run and the insert are one step (two posts at once must not queue two summaries).
+    False when a concurrent transaction holds that right: it is adding the run this one would duplicate."""
+    if db.session.get_bind().dialect.name == "postgresql":  # a lock that ends with the transaction
+        digest = hashlib.blake2b(kind.lock_name(target).encode(), digest_size=8).digest()
+        key = int.from_bytes(digest, "big", signed=True)
+        return bool(db.session.scalar(sa.select(sa.func.pg_try_advisory_xact_lock(key))))
+    # SQLite has one writer at a time: writing (nothing) now waits for any other writer, and keeps the others
+    # out until this transaction ends; the check then reads what they committed.
+    db.session.execute(
+        sa.update(JobRun)
+        .where(sa.false())
+        .values(status=JobRun.status)
+        .execution_options(synchronize_session=False)
+    )
+    return True
 
 
 def _add_queued(kind: JobKind, args: list[Any], target: str | None, account_id: int | None) -> JobRun:
