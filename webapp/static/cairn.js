@@ -274,3 +274,18 @@ document.addEventListener("htmx:afterSettle", (event) => {
 });
 document.addEventListener("htmx:sseMessage", scrollMessagesToEnd);
 setInterval(() => localTimes(document), 60_000);
+
+// --- code highlighting (vendor/highlight-*.min.js) -----------------------------------------------------------
+// A finished message's fenced blocks are coloured once, by the language the server kept on <code>. A streaming
+// body is replaced at every delta, so it is left alone: the final message that replaces it gets highlighted.
+function highlightCode(root) {
+  if (!window.hljs) return;
+  root.querySelectorAll?.("pre > code[class^='language-']:not([data-highlighted])").forEach((code) => {
+    if (code.closest(".body.streaming")) return;
+    const language = code.className.slice("language-".length);
+    if (window.hljs.getLanguage(language)) window.hljs.highlightElement(code);
+  });
+}
+document.addEventListener("DOMContentLoaded", () => highlightCode(document));
+document.addEventListener("htmx:load", (event) => highlightCode(event.detail.elt));
+document.addEventListener("htmx:afterSettle", (event) => highlightCode(event.detail.elt));

@@ -1,14 +1,35 @@
-"""Markdown for messages: CommonMark with raw HTML disabled, then sanitized, so no user or model text can inject markup."""
+"""Markdown for messages: CommonMark with raw HTML disabled, then sanitized, so no user or model text can inject markup.
+
+The one attribute added to the sanitizer's defaults is a fenced block's language (`<code class="language-python">`),
+which the browser's highlighter reads; any other class, on any element, is dropped."""
+
+import re
 
 import nh3
 from markdown_it import MarkdownIt
 from markupsafe import Markup
 
 _md = MarkdownIt("commonmark", {"html": False, "linkify": False, "breaks": True}).enable("table")
+_ATTRIBUTES = {**nh3.ALLOWED_ATTRIBUTES, "code": {"class"}}
+_LANGUAGE = re.compile(r"language-[A-Za-z0-9_+#.-]{1,40}")
+
+
+def _only_a_language(element: str, attribute: str, value: str) -> str | None:
+    if element == "code" and attribute == "class":
+        return value if _LANGUAGE.fullmatch(value) else None
+    return value
+
+
+def sanitize(html: str) -> str:
+    """HTML with only the sanitizer's safe tags and attributes, and a language class on <code>."""
+    return nh3.clean(
+        html,
+        attributes=_ATTRIBUTES,
+        attribute_filter=_only_a_language,
+        link_rel="noopener noreferrer nofollow",
+        url_schemes={"http", "https", "mailto"},
+    )
 
 
 def render_markdown(text: str) -> Markup:
-    html = _md.render(text or "")
-    return Markup(
-        nh3.clean(html, link_rel="noopener noreferrer nofollow", url_schemes={"http", "https", "mailto"})
-    )
+    return Markup(sanitize(_md.render(text or "")))
