@@ -15,7 +15,7 @@ def test_create_an_agent(client, auth, admin):
     auth.login(admin)
     form = client.get("/agents/new").text
     assert 'value="smollm2"' in form  # the configured default model
-    checked = re.findall(r'<input checked[^>]*value="(\w+)"', form)
+    checked = re.findall(r'<input checked[^>]*name="enabled_tools"[^>]*value="(\w+)"', form)
     assert set(checked) == {"save_memory", "borrow_context", "recall"}  # memory is on for a new agent
     assert "Remember things" in form
 
@@ -79,3 +79,18 @@ def test_edit_an_agent(client, auth, admin):
     assert response.status_code == 303
     db.session.refresh(agent)
     assert (agent.system_prompt, agent.enabled_tools) == ("New.", [])
+
+
+def test_an_admin_chooses_what_members_may_see_of_an_agents_memory(client, auth, admin):
+    auth.login(admin)
+    assert re.search(r'<input checked[^>]*value="prompt"', client.get("/agents/new").text)  # as until now
+    agent = factories.agent(admin.account, "Ada")
+
+    response = client.post(f"/agents/{agent.id}/edit", data={**VALID, "members_see_memory": "core"})
+    refused = client.post(f"/agents/{agent.id}/edit", data={**VALID, "members_see_memory": "secrets"})
+
+    assert response.status_code == 303 and refused.status_code == 422
+    db.session.refresh(agent)
+    assert agent.members_see_memory == "core"
+    assert re.search(r'<input checked[^>]*value="core"', client.get(f"/agents/{agent.id}/edit").text)
+    assert "What members may see of this agent" in client.get(f"/agents/{agent.id}/edit").text

@@ -399,6 +399,40 @@ def test_an_agents_memory_from_the_chat_read_only_for_members(client, auth, admi
     assert f'/chats/{chat.id}/agents/{ada.id}/memory"' in client.get(f"/chats/{chat.id}").text
 
 
+@pytest.mark.parametrize(
+    ("setting", "core_shown", "journal_shown"),
+    [("prompt", True, True), ("core", True, False), ("none", False, False)],
+)
+def test_members_see_of_an_agents_memory_what_its_admin_lets_them(
+    app, client, auth, admin, member, ada, setting, core_shown, journal_shown
+):
+    from webapp.models import AgentMemory
+
+    app.config["MEMORY_TOKEN_BUDGET"] = 250
+    ada.members_see_memory = setting
+    chat = factories.chat(admin.account, [ada])
+    db.session.add_all(
+        [AgentMemory(agent=ada, content=f"Core fact {i} about Dana.", memory_type="core") for i in range(3)]
+        + [
+            AgentMemory(agent=ada, content=f"Journal note {i}: Dana flies on Monday.", memory_type="journal")
+            for i in range(30)
+        ]
+    )
+    db.session.commit()
+    auth.login(member)
+
+    page = " ".join(client.get(f"/chats/{chat.id}/agents/{ada.id}/memory").text.split())
+
+    assert ("Core fact 0 about Dana." in page) is core_shown
+    assert ("Dana flies on Monday." in page) is journal_shown
+    assert ("journal" in page.split("<main")[1].lower()) is journal_shown  # not even how many entries
+    assert ("not to show" in page) is (setting == "none")
+    client.post("/logout")
+    auth.login(admin)  # admins always see all the prompt holds
+    page = client.get(f"/chats/{chat.id}/agents/{ada.id}/memory").text
+    assert "Core fact 0 about Dana." in page and "Dana flies on Monday." in page
+
+
 def test_an_agents_memory_page_shows_what_its_prompt_holds_and_what_did_not_fit(app, client, signed_in, ada):
     from webapp.models import AgentMemory
     from webapp.prompting.build import build_prompt

@@ -123,3 +123,25 @@ def test_the_ledger_shows_where_each_memory_came_from(app, client, signed_in, ad
         f"reply #{saved.id}."
     )
     assert origin("Added by hand.") == "Added by dana@example.com."
+
+
+@pytest.mark.parametrize("setting", ["prompt", "core", "none"])
+def test_whatever_members_may_see_of_the_memory_a_replys_sources_show_them_none_of_it(
+    app, client, auth, member, fake_llm, chat, ada, setting
+):
+    ada.members_see_memory = setting
+    used = factories.memory(ada, "The user's roses are climbers.")
+    recalled = factories.memory(
+        ada, "The user's dog is Biscuit.", "journal", created_at=utcnow() - timedelta(days=40)
+    )
+    reply = _reply(chat, ada, fake_llm, {"tool_calls": [("recall", {"query": "dog"})]}, "Noted.")
+    assert db.session.get(ReplySources, reply.id).memory_count == 2
+    auth.login(member)
+
+    page = client.get(f"/chats/{chat.id}").text
+
+    article = re.search(rf'<article id="message-{reply.id}".*?</article>', page, re.S).group(0)
+    provenance = re.search(r'<details class="provenance.*?</details>', article, re.S)
+    assert provenance is None or "memor" not in provenance.group(0)
+    assert used.content not in page and recalled.content not in page and "user&#39;s" not in page
+    assert client.get(f"/admin/replies/{reply.id}/sources").status_code in (403, 404)

@@ -4,11 +4,14 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from webapp.extensions import JSON, db
-from webapp.models.accounts import Account
+from webapp.models.accounts import Account, User
 from webapp.timeutil import utcnow
 
 DEFAULT_CORE_TOKEN_BUDGET = 5000
 DEFAULT_TOOLS = ("save_memory", "recall")  # what a new agent may call unless an admin unticks it
+# What members may see of an agent's memory from a chat: everything its prompt holds, its core memories only,
+# or nothing. Admins always see what the prompt holds (and the ledger).
+MEMORY_VISIBILITY = ("prompt", "core", "none")
 
 
 class Agent(db.Model):
@@ -24,6 +27,10 @@ class Agent(db.Model):
     core_token_budget: Mapped[int] = mapped_column(default=DEFAULT_CORE_TOKEN_BUDGET)
     # Tokens of memory listed in each of its prompts (None: the MEMORY_TOKEN_BUDGET setting).
     memory_token_budget: Mapped[int | None]
+    members_see_memory: Mapped[str] = mapped_column(
+        sa.Enum(*MEMORY_VISIBILITY, name="memory_visibility", native_enum=False, create_constraint=True),
+        default="prompt",
+    )
     last_refinement_at: Mapped[datetime | None]
     paused: Mapped[bool] = mapped_column(default=False)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -31,6 +38,10 @@ class Agent(db.Model):
 
     account: Mapped[Account] = relationship()
     chat_agents: Mapped[list["ChatAgent"]] = relationship(back_populates="agent")  # noqa: F821
+
+    def memory_visible_to(self, user: User) -> str:
+        """What this user may see of the agent's memory from a chat: "prompt", "core" or "none"."""
+        return "prompt" if user.is_admin else self.members_see_memory
 
     def identity(self) -> str:
         """The agent's system prompt, or the plain identity the specs fall back to."""

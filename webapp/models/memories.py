@@ -222,6 +222,14 @@ class MemoryWithin:
     def left_out(self) -> int:
         return self.core_left_out + self.journal_left_out
 
+    def shown_as(self, visibility: str) -> "MemoryWithin":
+        """What someone may see of it: everything ("prompt"), the core memories only ("core"), or nothing."""
+        if visibility == "prompt":
+            return self
+        if visibility == "core":
+            return MemoryWithin(core=self.core, core_left_out=self.core_left_out)
+        return MemoryWithin()
+
     def drop_last(self) -> None:
         """Leave out the last memory listed (the oldest journal entry, or else the newest core memory)."""
         if self.journal:

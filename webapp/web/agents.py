@@ -5,7 +5,16 @@ from flask import Blueprint, current_app, flash, redirect, render_template, url_
 from flask.typing import ResponseReturnValue
 from flask_login import current_user
 from flask_wtf import FlaskForm
-from wtforms import BooleanField, IntegerField, SelectMultipleField, StringField, TextAreaField, widgets
+from wtforms import (
+    BooleanField,
+    IntegerField,
+    RadioField,
+    SelectMultipleField,
+    StringField,
+    TextAreaField,
+    widgets,
+)
+from wtforms.fields.choices import SelectChoice
 from wtforms.validators import DataRequired, Length, NumberRange, Optional, Regexp, ValidationError
 
 from webapp import llm
@@ -44,6 +53,15 @@ class AgentForm(FlaskForm):
     memory_token_budget = IntegerField(
         "Memory in each prompt (tokens; empty: the MEMORY_TOKEN_BUDGET setting)",
         validators=[Optional(), NumberRange(min=100, max=200_000)],
+    )
+    members_see_memory = RadioField(
+        "What members may see of this agent's memory (admins see all of it)",
+        choices=[
+            SelectChoice("prompt", "Everything its prompt holds: its core memories and this week's journal"),
+            SelectChoice("core", "Its core memories only"),
+            SelectChoice("none", "Nothing"),
+        ],
+        default="prompt",
     )
     paused = BooleanField("Paused (answers nothing, runs no memory jobs)")
 
@@ -120,6 +138,7 @@ def _save(form: AgentForm, agent: Agent) -> None:
     agent.enabled_tools = [name for name in form.enabled_tools.data if name in REPLY_TOOLS]
     agent.core_token_budget = form.core_token_budget.data
     agent.memory_token_budget = form.memory_token_budget.data
+    agent.members_see_memory = form.members_see_memory.data
     agent.paused = form.paused.data
     db.session.add(agent)
     db.session.commit()
