@@ -489,3 +489,22 @@ def test_a_reply_stopped_at_its_time_limit_fails_with_a_working_retry(
     fake_llm.reply("Here it is.")
     SimpleWorker(worker_queues(), connection=app.extensions["redis"]).work(burst=True)
     assert (_fresh(reply).status, _fresh(reply).content) == ("done", "Here it is.")
+
+
+def test_redis_restarting_while_a_reply_streams_does_not_fail_it(
+    app, fake_llm, chat, ada, fake_redis, monkeypatch
+):
+    """Stop is looked up in Redis as the text streams; a Redis that is restarting meanwhile (its live events
+    are already best-effort) must not turn the reply into "could not build this reply"."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    def refused(*args, **kwargs):
+        raise RedisConnectionError("Error 111 connecting to redis.sock. Connection refused.")
+
+    [reply] = _pending(chat, ada)
+    fake_llm.reply("Still here after the outage.")
+    monkeypatch.setattr(fake_redis, "exists", refused)
+
+    respond([reply.id])
+
+    assert (_fresh(reply).status, _fresh(reply).content) == ("done", "Still here after the outage.")

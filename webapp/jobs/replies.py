@@ -6,6 +6,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from flask import current_app
+from redis.exceptions import RedisError
 from rq import get_current_job
 from rq.timeouts import JobTimeoutException
 
@@ -47,7 +48,12 @@ def _stop_key(message_id: int) -> str:
 
 
 def stop_requested(message_id: int) -> bool:
-    return bool(redis_connection().exists(_stop_key(message_id)))
+    """Whether Stop was pressed; while Redis is unreachable (restarting), the reply goes on."""
+    try:
+        return bool(redis_connection().exists(_stop_key(message_id)))
+    except RedisError as error:
+        log.warning("Stop flag of message %s not readable, going on: %s", message_id, error)
+        return False
 
 
 def _target(message_ids: list[int]) -> str:
