@@ -491,6 +491,60 @@ def test_a_reply_stopped_at_its_time_limit_fails_with_a_working_retry(
     assert (_fresh(reply).status, _fresh(reply).content) == ("done", "Here it is.")
 
 
+# Never two jobs for one reply
+
+
+def _reply_runs() -> list[JobRun]:
+    db.session.expire_all()
+    return db.session.scalars(sa.select(JobRun).where(JobRun.job_type == "reply").order_by(JobRun.id)).all()
+
+
+def test_a_reply_stopped_while_waiting_then_retried_is_answered_by_its_one_job(
+    app, fake_llm, chat, ada, admin, client
+):
+    [reply] = _pending(chat, ada)
+    client.post("/login", data={"email": admin.email, "password": factories.PASSWORD})
+    client.post(f"/chats/{chat.id}/messages/{reply.id}/stop")
+    assert (_fresh(reply).status, _fresh(reply).error) == ("failed", "Stopped before it began.")
+
+    assert client.post(f"/chats/{chat.id}/messages/{reply.id}/retry").status_code == 200
+
+    assert len(rq_queue("replies").get_jobs()) == 1 and [r.status for r in _reply_runs()] == ["queued"]
+    fake_llm.reply("Green tea, noted.")
+    SimpleWorker(worker_queues(), connection=app.extensions["redis"]).work(burst=True)
+    assert (_fresh(reply).status, _fresh(reply).content) == ("done", "Green tea, noted.")
+    assert [r.status for r in _reply_runs()] == ["done"]
+
+
+def test_a_reply_retried_while_its_job_answers_the_others_is_answered_by_that_job(
+    app, fake_llm, admin, ada, client, monkeypatch
+):
+    from webapp import events
+
+    basil = factories.agent(admin.account, "Basil")
+    chat = factories.chat(admin.account, [ada, basil])
+    factories.message(chat, "Thoughts?", author=admin)
+    first, second = _pending(chat, ada, basil)
+    client.post("/login", data={"email": admin.email, "password": factories.PASSWORD})
+    client.post(f"/chats/{chat.id}/messages/{first.id}/stop")  # Ada's turn is skipped
+    fake_llm.reply("Basil thinks so.")
+    fake_llm.reply("Ada, after all.")
+    retried, publish = [], events.publish
+
+    def retry_while_basil_writes(chat_id: int, kind: str, message_id: int, text: str = "") -> None:
+        publish(chat_id, kind, message_id, text)
+        if kind == "delta" and message_id == second.id and not retried:
+            retried.append(client.post(f"/chats/{chat.id}/messages/{first.id}/retry").status_code)
+
+    monkeypatch.setattr(events, "publish", retry_while_basil_writes)
+    SimpleWorker(worker_queues(), connection=app.extensions["redis"]).work(burst=True)
+
+    assert retried == [200]
+    assert (_fresh(second).status, _fresh(second).content) == ("done", "Basil thinks so.")
+    assert (_fresh(first).status, _fresh(first).content) == ("done", "Ada, after all.")
+    assert [r.status for r in _reply_runs()] == ["done"]  # one job answered both
+
+
 def test_redis_restarting_while_a_reply_streams_does_not_fail_it(
     app, fake_llm, chat, ada, fake_redis, monkeypatch
 ):

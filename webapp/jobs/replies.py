@@ -26,7 +26,9 @@ from webapp.jobs.refinement import trigger_if_over_budget
 from webapp.llm import LLMError
 from webapp.llm.tool_loop import Transcript, run_tool_loop
 from webapp.models import Agent, Chat, JobRun, Message
+from webapp.models.runs import current_job_run_id
 from webapp.prompting.build import build_prompt, fit_to_budget, record_sources
+from webapp.timeutil import utcnow
 from webapp.tools import ToolContext, reply_tools, run_tool_call, schemas_for
 from webapp.tools import steps as tool_steps
 
@@ -106,34 +108,73 @@ def respond(message_ids: list[int]) -> dict[str, int]:
 
 
 def _respond(message_ids: list[int]) -> dict[str, int]:
-    answered, failed = 0, []
-    for message_id in message_ids:
-        message = db.session.get(Message, message_id)
-        if message is None or message.status not in WAITING:
-            continue  # answered by an earlier attempt, or failed for good (Retry queues it anew)
-        if stop_requested(message_id):
-            continue  # stopped before its turn came; the stop marked it
-        if message.agent.paused:
-            _unfinished(message, f"{message.agent.name} was paused before answering.", False)
-            continue
-        with held_lock(_claim(message_id)) as mine:
-            if not mine:
-                continue  # another job is generating this very reply right now
-            try:
-                generate_reply(message)
+    answered, failed, todo = 0, set(), message_ids
+    while todo:  # then the replies of this job retried while it ran (Retry left them to it)
+        for message_id in todo:
+            outcome = _answer(message_id)
+            if outcome == "answered":
                 answered += 1
-            except LLMError as error:
-                if error.retryable and _retries_left() > 0:
-                    raise  # RQ retries the job with backoff; finished replies are skipped then
-                failed.append(message_id)
-            except JobTimeoutException:
-                raise
-            except Exception:  # generate_reply has marked the reply failed; the next agents still answer
-                log.exception("reply %s failed", message_id)
-                failed.append(message_id)
+                failed.discard(message_id)
+            elif outcome == "failed":
+                failed.add(message_id)
+        todo = _retried_meanwhile(message_ids)
     if failed:
-        raise ReplyFailed(f"replies failed: {', '.join(map(str, failed))}")
+        raise ReplyFailed(f"replies failed: {', '.join(map(str, sorted(failed)))}")
     return {"replies": answered}
+
+
+def _answer(message_id: int) -> str | None:
+    """Generate this reply if it still waits for it: "answered", "failed" (its message says why), or None."""
+    message = db.session.get(Message, message_id)
+    if message is None or message.status not in WAITING:
+        return None  # answered by an earlier attempt, or failed for good (Retry asks again)
+    if stop_requested(message_id):
+        return None  # stopped before its turn came; the stop marked it
+    if message.agent.paused:
+        _unfinished(message, f"{message.agent.name} was paused before answering.", False)
+        return None
+    with held_lock(_claim(message_id)) as mine:
+        if not mine:
+            return None  # another job is generating this very reply right now
+        try:
+            generate_reply(message)
+            return "answered"
+        except LLMError as error:
+            if error.retryable and _retries_left() > 0:
+                raise  # RQ retries the job with backoff; finished replies are skipped then
+        except JobTimeoutException:
+            raise
+        except Exception:  # generate_reply has marked the reply failed; the next agents still answer
+            log.exception("reply %s failed", message_id)
+        return "failed"
+
+
+def _retried_meanwhile(message_ids: list[int]) -> list[int]:
+    """Close this job's run, unless one of its replies was retried while it ran: those, to answer now.
+
+    Retry leaves a reply to a queued or running job that covers it (see retry_reply). The run's row is written
+    before the replies are read, in one transaction, so a Retry either comes first and is seen here, or waits
+    for this to commit and then sees the run finished and queues a job of its own."""
+    run_id = current_job_run_id.get()
+    db.session.execute(
+        sa.update(JobRun)
+        .where(JobRun.id == run_id)
+        .values(status="done", finished_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
+    pending = set(
+        db.session.scalars(
+            sa.select(Message.id).where(Message.id.in_(message_ids), Message.status == "pending")
+        )
+    )
+    retried = [
+        i for i in message_ids if i in pending and not stop_requested(i) and lock_holder(_claim(i)) is None
+    ]
+    if retried:
+        db.session.rollback()  # still running: it answers them
+    else:
+        db.session.commit()
+    return retried
 
 
 def _claim(message_id: int) -> str:
@@ -286,20 +327,31 @@ def retry_refusal(message: Message, stuck: bool) -> str | None:
     return None
 
 
-def _waiting_runs(message_id: int) -> list[JobRun]:
-    """The unfinished reply runs that cover this message."""
-    runs = db.session.scalars(
-        sa.select(JobRun).where(JobRun.job_type == "reply", JobRun.status.in_(("queued", "running")))
+def _waiting_runs(message_id: int, *, locked: bool = False) -> list[JobRun]:
+    """The unfinished reply runs that cover this message (locked: their rows, until the transaction ends)."""
+    covering = sa.or_(
+        JobRun.target == _target([message_id]),
+        JobRun.target.startswith(f"{_target([message_id])},"),
+        JobRun.target.endswith(f",{message_id}"),
+        JobRun.target.contains(f",{message_id},"),
     )
-    return [run for run in runs if message_id in _message_ids(run.target)]
+    query = sa.select(JobRun).where(
+        JobRun.job_type == "reply", JobRun.status.in_(("queued", "running")), covering
+    )
+    return list(db.session.scalars(query.with_for_update() if locked else query))
 
 
 def retry_reply(message: Message) -> None:
-    """Queue a failed, stuck or finished reply again (Retry, Regenerate), once the caller has checked that no
-    job is writing it."""
+    """Ask for a failed, stuck or finished reply again (Retry, Regenerate), once the caller has checked that no
+    job is writing it. A job that covers it and has not finished answers it (a reply stopped while it waited
+    for its turn, say): never two jobs for one reply."""
     message.status, message.error, message.content, message.tools_used = "pending", None, "", None
     redis_connection().delete(_stop_key(message.id))
-    enqueue(respond, [message.id])
+    # Write first: a job closing its run (_retried_meanwhile) then either sees this reply pending, or has
+    # closed before this reads the runs (SQLite: one writer at a time; PostgreSQL: the run's row lock).
+    db.session.flush()
+    if not _waiting_runs(message.id, locked=True):
+        enqueue(respond, [message.id])
 
 
 def stop_reply(message: Message) -> None:
