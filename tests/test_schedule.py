@@ -48,3 +48,21 @@ def test_list_shows_the_next_run_of_each_cadence(app, runner, monkeypatch):
 
 def test_list_says_when_nothing_is_registered(app, runner):
     assert "flask schedule sync" in runner.invoke(args=["schedule", "list"]).output
+
+
+def test_the_scheduler_comes_back_after_redis_lost_its_data(app, fake_redis):
+    """A Redis without persistence that restarts forgets the running scheduler and every recurring job: the
+    scheduler notices at its next heartbeat, registers itself again and puts the recurring jobs back."""
+    running = schedule.scheduler()
+    schedule.sync()
+    running.register_birth()
+    assert schedule.scheduler_alive()
+
+    fake_redis.flushall()  # what a restart without persistence leaves
+    assert not schedule.scheduler_alive() and schedule.registered() == []
+    running.heartbeat()
+
+    assert schedule.scheduler_alive()
+    assert sorted(job_id for job_id, _, _ in schedule.registered()) == sorted(
+        s.id for s in schedule.SCHEDULES
+    )

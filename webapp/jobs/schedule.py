@@ -37,8 +37,21 @@ SCHEDULES = [
 ]
 
 
+class _Scheduler(Scheduler):
+    """rq-scheduler that survives a Redis which lost its data (restarted without persistence): at its next
+    heartbeat it registers itself again and puts the recurring jobs back, instead of running on unseen with
+    nothing left to schedule."""
+
+    def heartbeat(self) -> None:
+        if not self.connection.exists(self.key):
+            self.log.warning("Redis forgot this scheduler and its recurring jobs; registering them again")
+            self.register_birth()
+            sync()
+        super().heartbeat()
+
+
 def scheduler() -> Scheduler:
-    return Scheduler(queue=rq_queue(), connection=redis_connection(), interval=10)
+    return _Scheduler(queue=rq_queue(), connection=redis_connection(), interval=10)
 
 
 def _use_utc() -> None:
