@@ -5,13 +5,16 @@ import re
 from datetime import timedelta
 
 import pytest
+import sqlalchemy as sa
 import time_machine
 
 from tests import factories
 from webapp.extensions import db
 from webapp.jobs.consolidation import consolidate_chat
+from webapp.jobs.refinement import refine_agent
+from webapp.jobs.reflection import reflect_agent
 from webapp.jobs.replies import request_replies, respond
-from webapp.models import AgentMemory, ReplySources
+from webapp.models import AgentMemory, AuditLog, ReplySources
 from webapp.timeutil import utcnow
 
 
@@ -145,3 +148,35 @@ def test_whatever_members_may_see_of_the_memory_a_replys_sources_show_them_none_
     assert provenance is None or "memor" not in provenance.group(0)
     assert used.content not in page and recalled.content not in page and "user&#39;s" not in page
     assert client.get(f"/admin/replies/{reply.id}/sources").status_code in (403, 404)
+
+
+def test_the_ledger_shows_a_promotion_by_reflection_and_a_memory_written_by_refinement(
+    app, client, signed_in, fake_llm, ada
+):
+    client.post(
+        f"/admin/agents/{ada.id}/memories", data={"content": "Dana waters at dawn.", "memory_type": "journal"}
+    )
+    fake_llm.reply(json.dumps({"promote": [1]}), model="ada-model")
+    reflect_agent(ada.id)
+    first, second = factories.memory(ada, "Dana likes tea."), factories.memory(ada, "Dana likes green tea.")
+    fake_llm.reply(tool_calls=[("refine_memory", {"action": "consolidate", "ids": f"{first.id},{second.id}",
+                                                  "content": "Dana drinks green tea, never black."})])  # fmt: skip
+    fake_llm.reply(tool_calls=[("refine_memory", {"action": "complete", "summary": "merged the teas"})])
+    refinement = refine_agent(ada.id, force=True)["session_id"]
+    reflection = db.session.scalar(sa.select(AuditLog.session_id).where(AuditLog.action == "memory_promote"))
+
+    page = client.get(f"/admin/agents/{ada.id}/memories").text
+
+    def origin(text: str) -> str:
+        row = re.search(
+            rf'<article id="memory-\d+"[^>]*>\s*<p class="content">{text}</p>.*?</article>', page, re.S
+        )
+        return " ".join(re.search(r'<p class="origin muted">(.*?)</p>', row.group(0), re.S).group(1).split())
+
+    assert origin("Dana waters at dawn.") == (
+        f'Added by dana@example.com. Promoted to core by <a href="/admin/sessions/{reflection}">reflection '
+        f"{reflection[:8]}</a>."
+    )
+    assert origin("Dana drinks green tea, never black.") == (
+        f'Written by <a href="/admin/sessions/{refinement}">refinement session {refinement[:8]}</a>.'
+    )

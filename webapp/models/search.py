@@ -16,15 +16,17 @@ from webapp.extensions import db
 TERM = re.compile(r"[^\W_]+")
 MAX_TERMS = 16
 TABLES = ("agent_memories", "messages")
-# Words nearly every text has: they would match most rows and rank nothing. PostgreSQL's 'english'
-# configuration drops the same kind of words; FTS5 has no such list, so both get this one.
+# Words nearly every text has: they would match most rows and rank nothing. Exactly PostgreSQL's 'english'
+# stop words (FTS5 has no such list): a query of them only would find nothing there (an empty tsquery) and
+# everything here, so both databases leave them out before searching.
 STOP_WORDS = frozenset(
-    "a about after again all am an and any are as at be because been before being between both but by can "
-    "did do does doing down during each few for from further had has have having he her here hers him his "
-    "how i if in into is it its just me more most my no nor not now of off on once only or other our ours "
-    "out over own same she should so some such than that the their theirs them then there these they this "
-    "those through to too under until up very was we were what when where which while who whom why will "
-    "with you your yours".split()
+    "a about above after again against all am an and any are as at be because been before being below between "
+    "both but by can did do does doing don down during each few for from further had has have having he her "
+    "here hers herself him himself his how i if in into is it its itself just me more most my myself no nor "
+    "not now of off on once only or other our ours ourselves out over own s same she should so some such t "
+    "than that the their theirs them themselves then there these they this those through to too under until "
+    "up very was we were what when where which while who whom why will with you your yours yourself "
+    "yourselves".split()
 )
 
 
