@@ -221,12 +221,35 @@ def _classify(error: openai.OpenAIError) -> LLMError:
     if isinstance(error, openai.APITimeoutError):
         return LLMError("The model did not answer in time.", retryable=True)
     if isinstance(error, openai.APIConnectionError):
-        return LLMError(f"Could not reach the model: {error}", retryable=True)
+        return _connection_problem(error)
     if isinstance(error, openai.APIStatusError):
         status = error.status_code
         retryable = status in RETRYABLE_STATUS or status >= 500
         return LLMError(f"The model returned HTTP {status}: {_error_detail(error)}", retryable=retryable)
     return LLMError(f"The model request failed: {error}", retryable=False)
+
+
+def _connection_problem(error: openai.APIConnectionError) -> LLMError:
+    """What went wrong on the connection, from the network error under the SDK's "Connection error."."""
+    causes = _causes(error)
+    # h11, httpcore and httpx each raise their own RemoteProtocolError for a body shorter than announced
+    cut = next((c for c in causes if type(c).__name__ == "RemoteProtocolError"), None)
+    if cut is not None:
+        return LLMError(
+            f"The model's answer was cut off: the connection closed before the whole answer arrived ({cut}).",
+            retryable=True,
+        )
+    return LLMError(f"Could not reach the model: {error}", retryable=True)
+
+
+def _causes(error: BaseException) -> list[BaseException]:
+    """The exceptions behind this one, nearest first."""
+    found: list[BaseException] = []
+    cause = error.__cause__ or error.__context__
+    while cause is not None and cause not in found:
+        found.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    return found
 
 
 def _error_detail(error: openai.APIStatusError) -> str:
