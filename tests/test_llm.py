@@ -108,15 +108,76 @@ def test_a_timeout_is_retryable(app, fake_llm):
 def test_an_unreachable_server_is_retryable(app):
     from tests.conftest import free_port
 
-    app.extensions["llm_client"] = app.extensions["llm_client"].with_options(
-        base_url=f"http://127.0.0.1:{free_port()}/v1"
-    )
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    app.extensions["llm_client"] = app.extensions["llm_client"].with_options(base_url=url)
 
     with pytest.raises(llm.LLMError, match="Could not reach") as raised:
         llm.complete("m", MESSAGES, purpose="reply")
 
     assert raised.value.retryable
+    assert str(raised.value) == (
+        f"Could not reach the model at {url}: connection refused. "
+        "Is the model server running? Check LLM_BASE_URL."
+    )
     assert _calls()[0].status == "error"
+
+
+# Error messages say what to do about them
+
+
+def test_a_model_the_provider_does_not_know_names_the_model_id_to_check(app, fake_llm):
+    fake_llm.fail(404, "The model `gpt-5-nano` does not exist")
+
+    with pytest.raises(llm.LLMError) as raised:
+        llm.complete("gpt-5-nano", MESSAGES, purpose="reply")
+
+    assert str(raised.value) == (
+        "The model 'gpt-5-nano' was not found at the provider: check the agent's model id. "
+        "(HTTP 404: The model `gpt-5-nano` does not exist)"
+    )
+    assert not raised.value.retryable and _calls()[0].error == str(raised.value)
+
+
+def test_a_model_named_by_a_setting_names_that_setting(app, fake_llm):
+    app.config["SUMMARY_MODEL_ID"] = "tiny-summarizer"
+    fake_llm.fail(404, "not found")
+
+    with pytest.raises(llm.LLMError, match="check SUMMARY_MODEL_ID"):
+        llm.complete("tiny-summarizer", MESSAGES, purpose="summarize")
+
+
+@pytest.mark.parametrize(
+    ("status", "said"),
+    [
+        (401, "The provider refused the API key: check LLM_API_KEY. (HTTP 401: invalid key)"),
+        (
+            403,
+            "The provider refused access to the model 'm': check LLM_API_KEY and what it may use. "
+            "(HTTP 403: invalid key)",
+        ),
+    ],
+)
+def test_a_refused_key_says_to_check_llm_api_key(app, fake_llm, status, said):
+    fake_llm.fail(status, "invalid key")
+
+    with pytest.raises(llm.LLMError) as raised:
+        llm.complete("m", MESSAGES, purpose="reply")
+
+    assert str(raised.value) == said and not raised.value.retryable
+
+
+def test_a_host_that_does_not_resolve_says_to_check_llm_base_url(app):
+    app.extensions["llm_client"] = app.extensions["llm_client"].with_options(
+        base_url="http://no-such-host.invalid/v1"
+    )
+
+    with pytest.raises(llm.LLMError) as raised:
+        llm.complete("m", MESSAGES, purpose="reply")
+
+    assert str(raised.value) == (
+        "Could not reach the model at http://no-such-host.invalid/v1: its host name does not resolve. "
+        "Check LLM_BASE_URL."
+    )
 
 
 def test_the_ledger_row_survives_the_callers_rollback(app, fake_llm):

@@ -84,7 +84,7 @@ class AgentOutcome:
     target=lambda chat_id, force=False: f"chat:{chat_id}",
     of=Chat,
     unique="active",
-    timeout=backlog_time,  # 100k-token chunks, each request up to LLM_TIMEOUT_SECONDS: see queue.BACKLOG_CALLS
+    timeout=backlog_time,  # 100k-token chunks, a request each of up to LLM_TIMEOUT_SECONDS: see BACKLOG_CALLS
 )
 def consolidate_chat(chat_id: int, force: bool = False) -> dict[str, Any]:
     """Extract memories from one chat's new messages for each of its agents (force: even if not idle)."""

@@ -185,8 +185,8 @@ def enqueue(func: Callable[..., Any], *args: Any, once_per: float | None = None)
 
     None when nothing was added: the job kind is `unique` and a run for the same target is already waiting
     (see waiting_run) or being added by a concurrent transaction, or once_per (seconds) says the same job and
-    target was enqueued that recently. That period starts only when this transaction commits, so a rollback does
-    not block the next attempt.
+    target was enqueued that recently. That period starts only when this transaction commits, so a rollback
+    does not block the next attempt.
     """
     kind: JobKind = func.job_kind
     target = kind.target_of(args)
@@ -215,8 +215,8 @@ def waiting_run(func: Callable[..., Any], *args: Any) -> JobRun | None:
 
 
 def _only_adder(kind: JobKind, target: str | None) -> bool:
-    """Make this transaction the only one that may add a run of this kind for this target until it ends, so the
-    check for a waiting run and the insert are one step (two posts at once must not queue two summaries).
+    """Make this transaction the only one that may add a run of this kind for this target until it ends, so
+    the check for a waiting run and the insert are one step (two posts at once must not queue two summaries).
     False when a concurrent transaction holds that right: it is adding the run this one would duplicate."""
     if db.session.get_bind().dialect.name == "postgresql":  # a lock that ends with the transaction
         digest = hashlib.blake2b(kind.lock_name(target).encode(), digest_size=8).digest()
@@ -320,8 +320,9 @@ def recorded_job(
     list of ids) the first argument is, and the run is recorded under that record's account. One run per
     target at a time: a second one finds the lock held and skips. `timeout(*args)` is the job's time limit in
     seconds (see model_time; None: NO_MODEL_SECONDS), after which RQ stops it and its run fails as timed out.
-    The job returns a dict of counts (or None). A retryable LLM error is re-raised so RQ retries it with backoff
-    (a queued row stands for the next attempt); any other error fails the job at once, its reason in job_runs.
+    The job returns a dict of counts (or None). A retryable LLM error is re-raised so RQ retries it with
+    backoff (a queued row stands for the next attempt); any other error fails the job at once, its reason in
+    job_runs.
     """
 
     def decorator(func: Callable[..., dict[str, Any] | None]):

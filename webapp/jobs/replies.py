@@ -78,7 +78,7 @@ def _interrupted(run: JobRun, again: bool) -> None:
 
 
 def _leave_unfinished(message_ids: list[int], status: str, reason: str) -> None:
-    """Mark the replies among these that are still waiting or being written (a Retry works on a failed one)."""
+    """Mark the replies among these still waiting or being written (a Retry works on a failed one)."""
     unfinished = db.session.scalars(
         sa.select(Message).where(Message.id.in_(message_ids), Message.status.in_(WAITING))
     ).all()
@@ -342,8 +342,8 @@ def _waiting_runs(message_id: int, *, locked: bool = False) -> list[JobRun]:
 
 
 def retry_reply(message: Message) -> None:
-    """Ask for a failed, stuck or finished reply again (Retry, Regenerate), once the caller has checked that no
-    job is writing it. A job that covers it and has not finished answers it (a reply stopped while it waited
+    """Ask for a failed, stuck or finished reply again (Retry, Regenerate), once the caller has checked that
+    no job is writing it. A job that covers it and has not finished answers it (a reply stopped while it waited
     for its turn, say): never two jobs for one reply."""
     message.status, message.error, message.content, message.tools_used = "pending", None, "", None
     redis_connection().delete(_stop_key(message.id))

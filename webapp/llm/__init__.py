@@ -4,6 +4,7 @@ Every request is recorded in llm_calls (the cost ledger), whether it succeeded o
 """
 
 import json
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -106,7 +107,7 @@ def complete(
         result = _stream(request, on_text) if on_text else _request(request)
         _check_finished(result)
     except openai.OpenAIError as e:
-        error = _classify(e)
+        error = _classify(e, model, purpose)
         _record(record, started, status="error", error=str(error))
         raise error from e
     except json.JSONDecodeError as e:  # a JSON content type over a body that is not JSON (an HTML page, say)
@@ -216,17 +217,44 @@ def _excerpt(value: Any) -> str:
     return " ".join(str(value).split())[:200] or "(empty)"
 
 
-def _classify(error: openai.OpenAIError) -> LLMError:
-    """Rate limits, server errors, timeouts and lost connections are worth retrying; the rest are not."""
+def _classify(error: openai.OpenAIError, model: str, purpose: str) -> LLMError:
+    """Rate limits, server errors, timeouts and lost connections are worth retrying; the rest are not. The
+    message says what to check when a setting is the likely cause."""
     if isinstance(error, openai.APITimeoutError):
         return LLMError("The model did not answer in time.", retryable=True)
     if isinstance(error, openai.APIConnectionError):
         return _connection_problem(error)
     if isinstance(error, openai.APIStatusError):
         status = error.status_code
+        said = f"(HTTP {status}: {_error_detail(error)})"
+        if status == 404:
+            check = _model_setting(model, purpose)
+            return LLMError(
+                f"The model '{model}' was not found at the provider: check {check}. {said}", retryable=False
+            )
+        if status == 401:
+            return LLMError(f"The provider refused the API key: check LLM_API_KEY. {said}", retryable=False)
+        if status == 403:
+            return LLMError(
+                f"The provider refused access to the model '{model}': check LLM_API_KEY and what it may use."
+                f" {said}",
+                retryable=False,
+            )
         retryable = status in RETRYABLE_STATUS or status >= 500
         return LLMError(f"The model returned HTTP {status}: {_error_detail(error)}", retryable=retryable)
     return LLMError(f"The model request failed: {error}", retryable=False)
+
+
+# Jobs that use a model named by a setting rather than the agent's own, when that setting is set.
+MODEL_SETTINGS = {"summarize": "SUMMARY_MODEL_ID", "compact": "COMPACTION_MODEL_ID"}
+
+
+def _model_setting(model: str, purpose: str) -> str:
+    """Where the model id came from: a setting, or the agent's form."""
+    setting = MODEL_SETTINGS.get(purpose)
+    if setting and current_app.config.get(setting) == model:
+        return setting
+    return "the agent's model id"
 
 
 def _connection_problem(error: openai.APIConnectionError) -> LLMError:
@@ -239,7 +267,15 @@ def _connection_problem(error: openai.APIConnectionError) -> LLMError:
             f"The model's answer was cut off: the connection closed before the whole answer arrived ({cut}).",
             retryable=True,
         )
-    return LLMError(f"Could not reach the model: {error}", retryable=True)
+    where = f"Could not reach the model at {str(_client().base_url).rstrip('/')}"
+    if any(isinstance(c, ConnectionRefusedError) for c in causes):
+        return LLMError(
+            f"{where}: connection refused. Is the model server running? Check LLM_BASE_URL.", retryable=True
+        )
+    if any(isinstance(c, socket.gaierror) for c in causes):
+        return LLMError(f"{where}: its host name does not resolve. Check LLM_BASE_URL.", retryable=True)
+    detail = f"{causes[0]}" if causes else str(error)
+    return LLMError(f"{where} ({detail}): check LLM_BASE_URL and the network.", retryable=True)
 
 
 def _causes(error: BaseException) -> list[BaseException]:
