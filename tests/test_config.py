@@ -78,6 +78,17 @@ def test_variables_switch_to_external_services(bare_env, tmp_path, monkeypatch):
         ),
         ({"MODEL_PRICES": '{"m": {"input": -1}}'}, "MODEL_PRICES['m']['input'] must be dollars per million"),
         ({"PREFERRED_URL_SCHEME": "ftp"}, "PREFERRED_URL_SCHEME must be http or https"),
+        (
+            {"JOB_RETRY_SECONDS": "10,sixty"},
+            "JOB_RETRY_SECONDS must be whole seconds separated by commas, such as 10,60,300, not '10,sixty'",
+        ),
+        (
+            {"JOB_RETRY_SECONDS": "10,-60"},
+            "JOB_RETRY_SECONDS has -60; a wait before a retry must be at least 0",
+        ),
+        ({"JOB_RETRY_SECONDS": ""}, "JOB_RETRY_SECONDS must be whole seconds separated by commas"),
+        ({"LLM_MAX_OUTPUT_TOKENS": "lots"}, "LLM_MAX_OUTPUT_TOKENS must be a whole number, not 'lots'"),
+        ({"LLM_MAX_OUTPUT_TOKENS": "0"}, "LLM_MAX_OUTPUT_TOKENS is 0; it must be at least 1"),
     ],
 )
 def test_a_bad_setting_stops_start_up_naming_the_variable(bare_env, tmp_path, monkeypatch, env, message):
@@ -98,6 +109,42 @@ def test_every_numeric_setting_has_a_range(bare_env, tmp_path):
 
     assert numeric == set(config.BOUNDS)
     config.validate(settings)  # the defaults are valid
+
+
+def test_retry_waits_and_the_output_cap_come_from_the_environment(bare_env, tmp_path, monkeypatch):
+    for name in ("JOB_RETRY_SECONDS", "LLM_MAX_OUTPUT_TOKENS", "PROMPT_TOKEN_BUDGET"):
+        monkeypatch.delenv(name, raising=False)
+    defaults = config.load(str(tmp_path))
+    monkeypatch.setenv("JOB_RETRY_SECONDS", " 5, 30 ,0")
+    monkeypatch.setenv("LLM_MAX_OUTPUT_TOKENS", "2000")
+
+    settings = config.load(str(tmp_path))
+
+    assert (defaults["JOB_RETRY_SECONDS"], defaults["LLM_MAX_OUTPUT_TOKENS"]) == (
+        [10, 60, 300],
+        None,
+    )  # no cap
+    assert (settings["JOB_RETRY_SECONDS"], settings["LLM_MAX_OUTPUT_TOKENS"]) == ([5, 30, 0], 2000)
+    # The local model's window keeps room for that answer: the default prompt budget is what is left.
+    assert settings["PROMPT_TOKEN_BUDGET"] == config.LOCAL_MODEL_CONTEXT_TOKENS - 2000
+    config.validate(settings)
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"JOB_RETRY_SECONDS": [10, -1]}, "JOB_RETRY_SECONDS has -1"),
+        ({"JOB_RETRY_SECONDS": []}, "JOB_RETRY_SECONDS must be whole seconds"),
+        ({"LLM_MAX_OUTPUT_TOKENS": -3}, "LLM_MAX_OUTPUT_TOKENS is -3; it must be at least 1"),
+    ],
+)
+def test_retry_waits_and_the_output_cap_given_by_a_test_config_are_validated(
+    tmp_path, monkeypatch, given, message
+):
+    monkeypatch.setenv("INSTANCE_PATH", str(tmp_path))
+
+    with pytest.raises(config.ConfigError, match=message):
+        create_app({"SECRET_KEY": "x", **given})
 
 
 def test_a_test_config_is_validated_too(tmp_path, monkeypatch):

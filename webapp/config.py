@@ -57,6 +57,21 @@ def _float(name: str, default: float) -> float:
         raise ConfigError(f"{name} must be a number, not {value!r}.") from None
 
 
+def _optional_int(name: str) -> int | None:
+    """A whole number, or None when the variable is unset or empty."""
+    return _int(name, 0) if os.environ.get(name, "").strip() else None
+
+
+def _seconds_list(name: str, default: str) -> list[int]:
+    value = os.environ.get(name, default)
+    try:
+        return [int(part) for part in value.split(",")]
+    except ValueError:
+        raise ConfigError(
+            f"{name} must be whole seconds separated by commas, such as {default}, not {value!r}."
+        ) from None
+
+
 def _prices() -> dict[str, dict[str, float]]:
     try:
         return json.loads(os.environ.get("MODEL_PRICES", "{}"))
@@ -84,6 +99,7 @@ def load(instance_path: str) -> dict:
     """The app's settings: defaults overridden by environment variables."""
     Path(instance_path).mkdir(parents=True, exist_ok=True)
     scheme = os.environ.get("PREFERRED_URL_SCHEME", "http")
+    max_output = _optional_int("LLM_MAX_OUTPUT_TOKENS")
     return {
         "SECRET_KEY": _secret_key(instance_path),
         # Cookies are SameSite=Lax, and Secure when Cairn is served over HTTPS (PREFERRED_URL_SCHEME=https,
@@ -108,11 +124,13 @@ def load(instance_path: str) -> dict:
         "LLM_API_KEY": os.environ.get("LLM_API_KEY", "local"),
         "DEFAULT_MODEL_ID": os.environ.get("DEFAULT_MODEL_ID", LOCAL_MODEL_ID),
         "LLM_TIMEOUT_SECONDS": _float("LLM_TIMEOUT_SECONDS", 120),
+        # The most tokens one answer may take (max_tokens); unset, the provider's own limit.
+        "LLM_MAX_OUTPUT_TOKENS": max_output,
         # {"model-id": {"input": dollars per 1M tokens, "output": dollars per 1M tokens}}
         "MODEL_PRICES": _prices(),
         "JOB_MAX_RETRIES": _int("JOB_MAX_RETRIES", 3),
         # Backoff before each retry of a retryable failure (seconds, comma-separated).
-        "JOB_RETRY_SECONDS": [int(s) for s in os.environ.get("JOB_RETRY_SECONDS", "10,60,300").split(",")],
+        "JOB_RETRY_SECONDS": _seconds_list("JOB_RETRY_SECONDS", "10,60,300"),
         # Ask models for JSON output (response_format json_object) where a job parses JSON; off for
         # providers that reject the parameter.
         "LLM_JSON_MODE": os.environ.get("LLM_JSON_MODE", "1") not in ("0", "false", "no"),
@@ -145,7 +163,9 @@ def load(instance_path: str) -> dict:
         # window less the answer's room, or 24000 with another provider.
         "PROMPT_TOKEN_BUDGET": _int(
             "PROMPT_TOKEN_BUDGET",
-            24_000 if os.environ.get("LLM_BASE_URL") else LOCAL_MODEL_CONTEXT_TOKENS - ANSWER_RESERVE_TOKENS,
+            24_000
+            if os.environ.get("LLM_BASE_URL")
+            else LOCAL_MODEL_CONTEXT_TOKENS - (max_output or ANSWER_RESERVE_TOKENS),
         ),
         "RECALL_TOKEN_BUDGET": _int("RECALL_TOKEN_BUDGET", 1200),
         "RECALL_MAX_RESULTS": _int("RECALL_MAX_RESULTS", 8),
@@ -198,16 +218,21 @@ BOUNDS: dict[str, tuple[float | None, float | None]] = {
     "MESSAGE_MAX_CHARS": (1, None),
     "MESSAGES_PER_PAGE": (1, None),
 }
+OPTIONAL_BOUNDS: dict[str, tuple[float | None, float | None]] = {  # checked when set
+    "LLM_MAX_OUTPUT_TOKENS": (1, None),
+}
 
 
 def validate(settings: Mapping[str, Any]) -> None:
     """Refuse to start with a numeric setting out of its range, naming the variable (raises ConfigError)."""
-    for name, (low, high) in BOUNDS.items():
+    optional = {name: bounds for name, bounds in OPTIONAL_BOUNDS.items() if settings.get(name) is not None}
+    for name, (low, high) in {**BOUNDS, **optional}.items():
         value = settings[name]
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{name} must be a number, not {value!r}.")
         if (low is not None and value < low) or (high is not None and value > high):
             raise ConfigError(f"{name} is {value}; it must be {_range(low, high)}.")
+    _validate_retry_waits(settings["JOB_RETRY_SECONDS"])
     if settings["COMPACTION_KEEP_RECENT"] >= settings["COMPACTION_THRESHOLD"]:
         raise ConfigError(
             f"COMPACTION_KEEP_RECENT ({settings['COMPACTION_KEEP_RECENT']}) must be less than "
@@ -231,6 +256,15 @@ def _validate_local_prompt_budget(settings: Mapping[str, Any]) -> None:
             f"PROMPT_TOKEN_BUDGET is {settings['PROMPT_TOKEN_BUDGET']}; with the local model it must be at most "
             f"{LOCAL_MODEL_CONTEXT_TOKENS - answer}: its window holds {LOCAL_MODEL_CONTEXT_TOKENS} tokens, "
             f"{answer} of them kept for the answer."
+        )
+
+
+def _validate_retry_waits(waits: Any) -> None:
+    if not isinstance(waits, list) or not waits or not all(isinstance(w, int) for w in waits):
+        raise ConfigError("JOB_RETRY_SECONDS must be whole seconds separated by commas, such as 10,60,300.")
+    if negative := [w for w in waits if w < 0]:
+        raise ConfigError(
+            f"JOB_RETRY_SECONDS has {negative[0]}; a wait before a retry must be at least 0 seconds."
         )
 
 
