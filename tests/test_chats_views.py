@@ -472,3 +472,44 @@ def test_chat_page_lists_the_chats_with_a_preview_and_focuses_the_composer(clien
     assert '<h1 id="chat-heading">Plans</h1>' in page
     assert 'id="composer-input"' in page and "autofocus" in page
     assert 'tabindex="0" role="region" aria-label="Conversation"' in page and 'role="status"' in page
+
+
+def test_a_person_chooses_the_name_others_see_on_their_messages(client, auth, admin, member, ada):
+    from webapp.prompting.build import build_prompt
+
+    chat = factories.chat(admin.account, [ada])
+    auth.login(member)
+    assert 'name="name"' in client.get("/account/password").text
+
+    saved = client.post("/account/name", data={"name": "  Milo   Park "})
+    taken = client.post("/account/name", data={"name": "ada"})
+    factories.message(chat, "Hello from Milo.", author=member)
+
+    assert saved.status_code == 303 and taken.status_code == 422
+    assert "Ada is an agent&#39;s name" in taken.text
+    mine = client.get(f"/chats/{chat.id}").text
+    assert re.search(r'<strong class="author">You</strong>', mine)  # to the author, still "You"
+    client.post("/logout")
+    auth.login(admin)
+    page = client.get(f"/chats/{chat.id}").text
+    assert '<strong class="author">Milo Park</strong>' in page and "milo</strong>" not in page
+    prompt = build_prompt(chat, ada).messages
+    assert {"role": "user", "content": "Milo Park: Hello from Milo."} in prompt
+    assert "Milo Park (person)" in prompt[-1]["content"]
+    client.post("/logout")
+    auth.login(member)
+    client.post("/account/name", data={"name": ""})  # back to the e-mail's local part
+    db.session.expire_all()
+    assert member.display_name == "milo"
+
+
+def test_the_name_form_needs_the_csrf_token(app, client, auth, member):
+    auth.login(member)
+    app.config["WTF_CSRF_ENABLED"] = True  # the other tests switch it off
+    page = client.get("/account/password").text
+    token = re.search(r'id="name-csrf_token" name="csrf_token" type="hidden" value="([^"]+)"', page).group(1)
+
+    refused = client.post("/account/name", data={"name": "Milo"})
+    saved = client.post("/account/name", data={"name": "Milo", "csrf_token": token})
+
+    assert (refused.status_code, saved.status_code) == (400, 303)

@@ -16,6 +16,7 @@ from webapp.timeutil import utcnow
 ROLES = ("admin", "member")
 PASSWORD_MIN_CHARS = 8
 PASSWORD_MAX_CHARS = 200
+MAX_NAME_CHARS = 60
 
 
 class Account(db.Model):
@@ -34,6 +35,8 @@ class User(UserMixin, db.Model):
     id: Mapped[int] = mapped_column(primary_key=True)
     account_id: Mapped[int] = mapped_column(sa.ForeignKey("accounts.id"), index=True)
     email: Mapped[str] = mapped_column(sa.String(254), unique=True)
+    # The name others see on this person's messages (and agents in their prompts); None: the e-mail's local part.
+    name: Mapped[str | None] = mapped_column(sa.String(MAX_NAME_CHARS))
     password_hash: Mapped[str] = mapped_column(sa.String(255))
     role: Mapped[str] = mapped_column(
         sa.Enum(*ROLES, name="user_role", native_enum=False, create_constraint=True), default="member"
@@ -57,7 +60,8 @@ class User(UserMixin, db.Model):
 
     @property
     def display_name(self) -> str:
-        return self.email.split("@")[0]
+        """The name the person chose, or else their e-mail's local part."""
+        return self.name or self.email.split("@")[0]
 
     def set_password(self, password: str) -> None:
         self.password_hash = generate_password_hash(password)

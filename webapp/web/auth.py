@@ -11,12 +11,12 @@ from flask.typing import ResponseReturnValue
 from flask_limiter import RateLimitExceeded
 from flask_login import current_user, login_required, login_user, logout_user
 from flask_wtf import FlaskForm
-from wtforms import EmailField, PasswordField
+from wtforms import EmailField, PasswordField, StringField
 from wtforms.validators import DataRequired, EqualTo, InputRequired, Length, ValidationError
 
 from webapp.extensions import DATABASE_ID_MAX, db, limiter, login_manager
-from webapp.models import User
-from webapp.models.accounts import password_problem
+from webapp.models import Agent, User
+from webapp.models.accounts import MAX_NAME_CHARS, password_problem
 from webapp.web import guards
 
 M = TypeVar("M", bound=db.Model)
@@ -64,6 +64,24 @@ class PasswordForm(FlaskForm):
     def validate_new_password(self, field: PasswordField) -> None:
         if problem := password_problem(field.data, current_user.email):
             raise ValidationError(problem)
+
+
+class NameForm(FlaskForm):
+    name = StringField(
+        "Your name, as others see it on your messages",
+        validators=[Length(max=MAX_NAME_CHARS)],
+        render_kw={"autocomplete": "name"},
+    )
+
+    def validate_name(self, field: StringField) -> None:
+        name = " ".join((field.data or "").split())
+        agent = db.session.scalar(
+            sa.select(Agent.name).where(
+                Agent.account_id == current_user.account_id, sa.func.lower(Agent.name) == name.lower()
+            )
+        )
+        if agent:
+            raise ValidationError(f"{agent} is an agent's name; choose another.")
 
 
 @bp.route("/login", methods=["GET", "POST"])
@@ -122,7 +140,25 @@ def password() -> ResponseReturnValue:
         _sign_in(user)
         flash("Password changed. Every other sign-in with the old password has been signed out.")
         return redirect(url_for("chats.index"), code=303)
-    return render_template("auth/password.html", form=form), 422 if form.errors else 200
+    return _account_page(form, NameForm(data={"name": current_user.name}))
+
+
+@bp.post("/account/name")
+@login_required
+def name() -> ResponseReturnValue:
+    """Choose the name others see on one's messages (empty: the e-mail's local part)."""
+    form = NameForm()
+    if form.validate_on_submit():
+        current_user.name = " ".join(form.name.data.split()) or None
+        db.session.commit()
+        flash(f"Others now see your messages as {current_user.display_name}'s.")
+        return redirect(url_for("auth.password"), code=303)
+    return _account_page(PasswordForm(formdata=None), form)
+
+
+def _account_page(password_form: PasswordForm, name_form: NameForm) -> ResponseReturnValue:
+    html = render_template("auth/password.html", form=password_form, name_form=name_form)
+    return html, 422 if password_form.errors or name_form.errors else 200
 
 
 def _sign_in(user: User) -> None:
