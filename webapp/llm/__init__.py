@@ -89,14 +89,11 @@ def complete(
     chat_id: int | None = None,
     on_text: Callable[[str], None] | None = None,
     response_format: dict[str, Any] | None = None,
-    tool_choice: str | dict[str, Any] | None = None,
 ) -> LLMResult:
     """Ask `model` for the next message. With on_text, stream and call it with each text delta."""
     request: dict[str, Any] = {"model": model, "messages": messages}
     if tools:
         request["tools"] = tools
-    if tool_choice:
-        request["tool_choice"] = tool_choice
     if response_format:
         request["response_format"] = response_format
     if max_tokens := current_app.config.get("LLM_MAX_OUTPUT_TOKENS"):
