@@ -119,7 +119,10 @@ def worker_queues() -> list[Queue]:
     return [rq_queue("replies"), rq_queue("background")]
 
 
-# --- locks and once-keys: the only Redis keys Cairn itself sets ---
+# --- locks and once-keys: the one place Cairn takes a Redis lock or a once-only key ---
+# (Cairn's other keys: each reply's Stop flag, cairn:stop:<id>, in jobs/replies.py; each user's live-stream
+# slots, cairn:streams:user:<id>, and the chats' pub/sub channels in events.py; Flask-Limiter's counters;
+# RQ's and rq-scheduler's own.)
 
 
 @contextmanager
