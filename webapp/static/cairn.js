@@ -266,6 +266,10 @@ document.addEventListener("DOMContentLoaded", () => {
 document.addEventListener("htmx:load", (event) => {
   refresh(event.detail.elt);
   if (document.readyState === "complete") announce(event.detail.elt);
+  // A message added or changed: the chat list beside it refreshes its preview and time (#side-list).
+  if (document.readyState === "complete" && event.detail.elt.matches?.("article.message")) {
+    htmx.trigger(document.body, "chat-changed");
+  }
 });
 
 document.addEventListener("htmx:afterSettle", (event) => {

@@ -183,6 +183,8 @@ def show(chat_id: int) -> ResponseReturnValue:
     chat = owned_or_404(Chat, chat_id)
     if fragment_requested("cross-conversations"):
         context = dict(chat=chat, **_panel(chat))
+    elif fragment_requested("side-list"):
+        context = dict(chat=chat, sidebar=_chat_rows(limit=SIDEBAR_CHATS))
     else:
         messages, has_older = _page_of_messages(chat, None)
         context = dict(
@@ -192,7 +194,11 @@ def show(chat_id: int) -> ResponseReturnValue:
             in_chat = {a.id for a in chat.agents}
             addable = [a for a in _account_agents() if a.id not in in_chat]
             context.update(addable=addable, sidebar=_chat_rows(limit=SIDEBAR_CHATS), **_panel(chat))
-    fragments = {"cross-conversations": "chats/_cross_conversations.html", "messages": "chats/_messages.html"}
+    fragments = {
+        "cross-conversations": "chats/_cross_conversations.html",
+        "messages": "chats/_messages.html",
+        "side-list": "chats/_side_list.html",
+    }
     response = page_or_fragment("chats/show.html", fragments, **context)
     response.headers["Cache-Control"] = (
         "no-store"  # Back to a chat shows it as it is now, not as first loaded

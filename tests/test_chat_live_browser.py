@@ -1,0 +1,65 @@
+"""The chat page kept live, in a real browser (issue 15): the chat list's preview and time follow the messages,
+"thinking" shows only on the agent whose turn it is, other people's messages arrive without a reload, the
+borrowed-context panel follows a borrow at once; and the small things: Copy, the Discard confirmation, the live
+region, the skip link, the Agents list on a phone."""
+
+from datetime import timedelta
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from tests import factories
+from tests.test_first_hour_browser import tap
+from webapp.extensions import db
+from webapp.timeutil import utcnow
+
+pytestmark = pytest.mark.browser
+
+
+@pytest.fixture(autouse=True)
+def _summaries_use_their_own_model(monkeypatch):
+    """Summary jobs follow replies and would otherwise ask the agent's model, taking an answer scripted for it."""
+    monkeypatch.setenv("SUMMARY_MODEL_ID", "summary-model")
+
+
+def sign_in(page: Page, live_server: str, email: str) -> None:
+    page.goto(f"{live_server}/login")
+    page.get_by_label("Email").fill(email)
+    page.get_by_label("Password").fill(factories.PASSWORD)
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.get_by_role("heading", name="Chats")).to_be_visible()
+
+
+def test_the_chat_list_shows_the_latest_message_and_time_as_they_happen(
+    page, live_server, worker_process, fake_llm
+):
+    admin = factories.user(factories.account(), "dana@example.com", "admin")
+    ada, basil = factories.agent(admin.account, "Ada"), factories.agent(admin.account, "Basil")
+    club = factories.chat(admin.account, [ada, basil], "Dinner club")
+    club.last_message_at = utcnow() - timedelta(hours=3)
+    db.session.commit()
+    factories.chat(admin.account, [ada], "Roses")  # more recent: listed first until the club has news
+    email, club_id = admin.email, club.id
+    db.session.remove()  # the browser's requests and the worker need the database, not this test's session
+    sign_in(page, live_server, email)
+    page.goto(f"{live_server}/chats/{club_id}")
+    rows = page.locator("#side-list > li")
+    mine = page.locator("#side-list a[aria-current=page]")
+    expect(rows.first).to_contain_text("Roses")
+    expect(mine.locator(".preview")).to_have_text("No messages yet")
+    expect(mine.locator("time")).to_have_text("3 hr. ago")
+
+    # A message asking nobody: the row says it at once, moves to the top, and its time is now.
+    composer = page.get_by_label("Message", exact=True)
+    composer.fill("Who cooks on Friday?")
+    composer.press("Enter")
+    expect(page.locator("article.message.user")).to_contain_text("Who cooks on Friday?")
+    expect(mine.locator(".preview")).to_have_text("Who cooks on Friday?")
+    expect(mine.locator("time")).to_have_text("just now")
+    expect(rows.first).to_contain_text("Dinner club")
+
+    # A reply finishing: the row shows it, with who wrote it.
+    fake_llm.reply("Basil does, risotto again.", model="basil-model")
+    tap(page.get_by_role("button", name="Ask Basil"))
+    expect(page.locator("article.message.assistant.done")).to_contain_text("risotto again")
+    expect(mine.locator(".preview")).to_have_text("Basil: Basil does, risotto again.")
