@@ -10,7 +10,7 @@ from sqlalchemy.orm import joinedload
 
 from webapp import llm
 from webapp.extensions import db
-from webapp.jobs.queue import backlog_time, enqueue, recorded_job
+from webapp.jobs.queue import backlog_time, enqueue, job_target, recorded_job
 from webapp.models import Chat, Message
 from webapp.prompting import render
 from webapp.tokens import count_tokens
@@ -47,7 +47,7 @@ def compact_if_needed(chat: Chat) -> bool:
 
 
 @recorded_job(
-    "compact", target=lambda chat_id: f"chat:{chat_id}", of=Chat, unique="active", timeout=backlog_time
+    "compact", target=lambda chat_id: job_target(chat=chat_id), of=Chat, unique="active", timeout=backlog_time
 )
 def compact_chat(chat_id: int) -> dict[str, Any]:
     """Summarize all but the newest messages after the cut into the chat's memory_doc, a batch at a time."""

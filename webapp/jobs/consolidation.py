@@ -18,7 +18,7 @@ from sqlalchemy.orm import joinedload
 from webapp import llm
 from webapp.extensions import db
 from webapp.jobs.concurrency import cancelled, map_in_threads
-from webapp.jobs.queue import backlog_time, enqueue, recorded_job
+from webapp.jobs.queue import backlog_time, enqueue, job_target, recorded_job
 from webapp.jobs.refinement import trigger_if_over_budget
 from webapp.llm import LLMError
 from webapp.llm.jsonparse import parse_json_object
@@ -81,7 +81,7 @@ class AgentOutcome:
 
 @recorded_job(
     "consolidate",
-    target=lambda chat_id, force=False: f"chat:{chat_id}",
+    target=lambda chat_id, force=False: job_target(chat=chat_id),
     of=Chat,
     unique="active",
     timeout=backlog_time,  # 100k-token chunks, a request each of up to LLM_TIMEOUT_SECONDS: see BACKLOG_CALLS

@@ -63,6 +63,24 @@ NO_MODEL_SECONDS = 300  # a job that asks no model: the finders, ping
 JOB_TYPES: dict[str, Callable[..., dict[str, Any]]] = {}
 
 
+def job_target(**ids: int | list[int]) -> str:
+    """The label of what a job works on, in job_runs.target: job_target(chat=3) is "chat:3",
+    job_target(chat=3, agent=2) "chat:3 agent:2", job_target(messages=[4, 5]) "messages:4,5"."""
+    return " ".join(
+        f"{name}:{','.join(map(str, value)) if isinstance(value, list) else value}"
+        for name, value in ids.items()
+    )
+
+
+def target_ids(target: str | None, name: str) -> list[int]:
+    """The ids a job target gives for one name: target_ids("chat:3 agent:2", "agent") is [2]."""
+    for part in (target or "").split():
+        key, _, ids = part.partition(":")
+        if key == name:
+            return [int(i) for i in ids.split(",") if i.isdigit()]
+    return []
+
+
 @dataclass(frozen=True)
 class JobKind:
     """What the queue knows about one recorded job function."""

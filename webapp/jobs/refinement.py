@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from flask import current_app
 
 from webapp.extensions import db
-from webapp.jobs.queue import enqueue, model_time, recorded_job
+from webapp.jobs.queue import enqueue, job_target, model_time, recorded_job, target_ids
 from webapp.llm import LLMError
 from webapp.llm.tool_loop import run_tool_loop
 from webapp.models import Agent, AuditLog, JobRun
@@ -64,12 +64,13 @@ def trigger_if_over_budget(agent: Agent) -> bool:
 
 
 def _target(agent_id: int, force: bool = False) -> str:
-    return f"agent:{agent_id}"
+    return job_target(agent=agent_id)
 
 
 def _interrupted(run: JobRun, _again: bool) -> None:
     """Its worker died mid-session: close the session as interrupted, so it can be rolled back in one click."""
-    agent = db.session.get(Agent, int(run.target.removeprefix("agent:")))
+    [agent_id] = target_ids(run.target, "agent")
+    agent = db.session.get(Agent, agent_id)
     for session_id in _open_sessions(agent.id, run.started_at):
         AuditLog.record(
             "memory_refinement_interrupted",

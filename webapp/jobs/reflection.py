@@ -12,7 +12,7 @@ from flask import current_app
 
 from webapp import llm
 from webapp.extensions import db
-from webapp.jobs.queue import backlog_time, enqueue, recorded_job
+from webapp.jobs.queue import backlog_time, enqueue, job_target, recorded_job
 from webapp.jobs.refinement import trigger_if_over_budget
 from webapp.llm.jsonparse import parse_json_object
 from webapp.models import Agent, AgentMemory
@@ -42,7 +42,11 @@ def reflect_all() -> dict[str, int]:
 
 
 @recorded_job(
-    "reflect", target=lambda agent_id: f"agent:{agent_id}", of=Agent, unique="active", timeout=backlog_time
+    "reflect",
+    target=lambda agent_id: job_target(agent=agent_id),
+    of=Agent,
+    unique="active",
+    timeout=backlog_time,
 )
 def reflect_agent(agent_id: int) -> dict[str, Any]:
     """Let one agent choose which of its recent journal entries become core memories.

@@ -16,10 +16,12 @@ from webapp.jobs.followups import after_new_message
 from webapp.jobs.queue import (
     enqueue,
     held_lock,
+    job_target,
     lock_holder,
     model_time,
     recorded_job,
     redis_connection,
+    target_ids,
     timed_out,
 )
 from webapp.jobs.refinement import trigger_if_over_budget
@@ -59,11 +61,11 @@ def stop_requested(message_id: int) -> bool:
 
 
 def _target(message_ids: list[int]) -> str:
-    return "messages:" + ",".join(str(i) for i in message_ids)
+    return job_target(messages=message_ids)
 
 
 def _message_ids(target: str | None) -> list[int]:
-    return [int(i) for i in (target or "").removeprefix("messages:").split(",") if i]
+    return target_ids(target, "messages")
 
 
 def _interrupted(run: JobRun, again: bool) -> None:

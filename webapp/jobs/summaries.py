@@ -7,7 +7,7 @@ from flask import current_app
 
 from webapp import llm
 from webapp.extensions import db
-from webapp.jobs.queue import enqueue, model_time, recorded_job
+from webapp.jobs.queue import enqueue, job_target, model_time, recorded_job
 from webapp.llm import LLMError
 from webapp.models import Chat, ChatAgent, Message
 from webapp.models.chats import recent_messages
@@ -31,7 +31,7 @@ def request_summaries(chat: Chat) -> int:
 
 
 def _target(chat_id: int, agent_id: int) -> str:
-    return f"chat:{chat_id} agent:{agent_id}"
+    return job_target(chat=chat_id, agent=agent_id)
 
 
 @recorded_job("summarize", target=_target, of=Chat, unique="queued", timeout=lambda *_: model_time(1))
