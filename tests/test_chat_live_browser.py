@@ -63,3 +63,56 @@ def test_the_chat_list_shows_the_latest_message_and_time_as_they_happen(
     tap(page.get_by_role("button", name="Ask Basil"))
     expect(page.locator("article.message.assistant.done")).to_contain_text("risotto again")
     expect(mine.locator(".preview")).to_have_text("Basil: Basil does, risotto again.")
+
+
+def _group_chat(title: str = "Dinner club") -> dict:
+    """Dana's group chat with Ada and Basil; what the test needs of it, its session closed."""
+    admin = factories.user(factories.account(), "dana@example.com", "admin")
+    ada, basil = factories.agent(admin.account, "Ada"), factories.agent(admin.account, "Basil")
+    chat = factories.chat(admin.account, [ada, basil], title)
+    names = {"email": admin.email, "chat": chat.id}
+    db.session.remove()
+    return names
+
+
+def test_ask_all_shows_only_the_agent_whose_turn_it_is_as_thinking(
+    page, live_server, worker_process, fake_llm
+):
+    club = _group_chat()
+    sign_in(page, live_server, club["email"])
+    page.goto(f"{live_server}/chats/{club['chat']}")
+    # Each answer starts after a pause, so each agent's turn can be watched before its text arrives.
+    fake_llm.reply("Soup for everyone.", delay=3, model="ada-model")
+    fake_llm.reply("Bread and cheese.", delay=3, model="basil-model")
+
+    tap(page.get_by_role("button", name="Ask all"))
+    thinking = page.locator("article.message .thinking:visible")
+    ada, basil = (
+        page.locator("article.message.assistant").nth(0),
+        page.locator("article.message.assistant").nth(1),
+    )
+    expect(thinking).to_have_text(["Ada is thinking"])
+    expect(basil.get_by_text("Basil will answer in turn")).to_be_visible()
+
+    expect(ada).to_contain_text("Soup for everyone.")
+    expect(thinking).to_have_text(["Basil is thinking"])
+    expect(basil).to_contain_text("Bread and cheese.")
+    expect(page.locator("article.message.assistant.done")).to_have_count(2)
+    expect(thinking).to_have_count(0)
+
+
+def test_a_reply_waiting_to_be_tried_again_says_why_even_when_it_is_next(page, live_server):
+    admin = factories.user(factories.account(), "dana@example.com", "admin")
+    ada = factories.agent(admin.account, "Ada")
+    chat = factories.chat(admin.account, [ada], "Roses")
+    factories.message(chat, "Which roses like shade?", author=admin)
+    factories.message(
+        chat, "", author=ada, status="pending", error="The model is busy. Trying again shortly."
+    )
+    email, chat_id = admin.email, chat.id
+    db.session.remove()
+
+    sign_in(page, live_server, email)
+    page.goto(f"{live_server}/chats/{chat_id}")
+
+    expect(page.get_by_text("The model is busy. Trying again shortly.")).to_be_visible()
