@@ -116,3 +116,51 @@ def test_a_reply_waiting_to_be_tried_again_says_why_even_when_it_is_next(page, l
     page.goto(f"{live_server}/chats/{chat_id}")
 
     expect(page.get_by_text("The model is busy. Trying again shortly.")).to_be_visible()
+
+
+def _watch_live_stream(page: Page) -> None:
+    """Note on the page when its live stream opens, so a test acts only once the page is listening."""
+    page.add_init_script(
+        "document.addEventListener('htmx:sseOpen', () => { window.liveStreamOpen = true; });"
+    )
+
+
+def test_a_message_from_someone_else_in_the_chat_arrives_without_a_reload(
+    page, browser, live_server, worker_process, fake_llm
+):
+    account = factories.account()
+    dana = factories.user(account, "dana@example.com", "admin")
+    milo = factories.user(account, "milo@example.com", "member")  # the same account: the same chats
+    chat = factories.chat(account, [factories.agent(account, "Ada")], "Roses")
+    emails, chat_url = (dana.email, milo.email), f"{live_server}/chats/{chat.id}"
+    db.session.remove()
+    sign_in(page, live_server, emails[0])
+    _watch_live_stream(page)
+    page.goto(chat_url)
+    page.wait_for_function("window.liveStreamOpen === true")
+
+    milo_context = browser.new_context(viewport={"width": 1200, "height": 900})
+    try:
+        milos_page = milo_context.new_page()
+        milos_page.set_default_timeout(15_000)
+        sign_in(milos_page, live_server, emails[1])
+        milos_page.goto(chat_url)
+        fake_llm.reply("Rambling Rector forgives a shady wall.", model="ada-model")
+        composer = milos_page.get_by_label("Message", exact=True)
+        composer.fill("Which roses like shade?")
+        composer.press("Enter")
+        expect(milos_page.locator("article.message.assistant.done")).to_contain_text("Rambling Rector")
+    finally:
+        milo_context.close()
+
+    # Dana's page, never reloaded, has Milo's message under his name, and Ada's reply to it, each once.
+    theirs = page.locator("article.message.user")
+    expect(theirs).to_contain_text("Which roses like shade?")
+    expect(theirs.locator(".author")).to_have_text("milo")
+    expect(page.locator("article.message.assistant.done")).to_contain_text(
+        "Rambling Rector forgives a shady wall."
+    )
+    expect(page.locator("article.message")).to_have_count(2)
+    expect(page.locator("#side-list a[aria-current=page] .preview")).to_have_text(
+        "Ada: Rambling Rector forgives a shady wall."
+    )
