@@ -164,3 +164,34 @@ def test_a_message_from_someone_else_in_the_chat_arrives_without_a_reload(
     expect(page.locator("#side-list a[aria-current=page] .preview")).to_have_text(
         "Ada: Rambling Rector forgives a shady wall."
     )
+
+
+def test_the_panel_shows_borrowed_context_as_soon_as_a_reply_borrowed_it(
+    page, live_app, live_server, worker_process, fake_llm
+):
+    live_app.config["CROSS_CONVERSATION_REFRESH_SECONDS"] = 3600  # its poll never comes within the test
+    admin = factories.user(factories.account(), "dana@example.com", "admin")
+    ada = factories.agent(admin.account, "Ada", enabled_tools=["save_memory", "borrow_context"])
+    roses = factories.chat(admin.account, [ada], "Roses")
+    factories.message(roses, "The wall faces north.", author=admin)
+    factories.message(roses, "Then a climber that forgives shade.", author=ada)
+    club = factories.chat(admin.account, [ada], "Garden club")
+    email, roses_public, club_id = admin.email, roses.public_id, club.id
+    db.session.remove()
+    sign_in(page, live_server, email)
+    page.goto(f"{live_server}/chats/{club_id}")
+    panel = page.locator("#cross-conversations")
+    expect(panel.get_by_role("heading", name="Other conversations")).to_be_visible()
+    expect(panel).not_to_contain_text("borrowed context waiting")
+
+    fake_llm.reply(tool_calls=[("borrow_context", {"conversation_id": roses_public})], model="ada-model")
+    fake_llm.reply("We chose a climber for the north wall.", model="ada-model")
+    composer = page.get_by_label("Message", exact=True)
+    composer.fill("What did we decide about roses?")
+    composer.press("Enter")
+
+    reply = page.locator("article.message.assistant.done")
+    expect(reply).to_contain_text("We chose a climber for the north wall.")
+    expect(reply.get_by_role("link", name="Borrowed 2 messages from “Roses”")).to_be_visible()
+    expect(panel).to_contain_text("borrowed context waiting")
+    expect(panel).to_contain_text("2 messages for Ada's next reply here")

@@ -233,7 +233,7 @@ def test_the_chat_page_shows_each_agents_other_conversations(client, auth, admin
     assert "Planning the club&#39;s beds." in ada_part
     assert f'href="/chats/{others["tomatoes"].id}">Tomatoes</a>' in basil_part
     assert "Blight &lt;script&gt;alert(1)&lt;/script&gt;" in basil_part and "<script>alert" not in page.text
-    assert 'hx-trigger="every 20s"' in panel
+    assert 'hx-trigger="every 20s, context-borrowed from:body' in panel  # and at once after a borrow
 
 
 def test_the_panel_refreshes_as_a_fragment(client, auth, admin, here, ada, others):

@@ -269,6 +269,10 @@ document.addEventListener("htmx:load", (event) => {
   // A message added or changed: the chat list beside it refreshes its preview and time (#side-list).
   if (document.readyState === "complete" && event.detail.elt.matches?.("article.message")) {
     htmx.trigger(document.body, "chat-changed");
+    // It borrowed another conversation: the panel (#cross-conversations) shows that now, not at its next poll.
+    if (event.detail.elt.querySelector(".step.done[data-tool='borrow_context']")) {
+      htmx.trigger(document.body, "context-borrowed");
+    }
   }
 });
 
