@@ -9,7 +9,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from tests import factories
-from tests.test_first_hour_browser import tap
+from tests.test_first_hour_browser import check_page, tap
 from webapp.extensions import db
 from webapp.timeutil import utcnow
 
@@ -63,6 +63,8 @@ def test_the_chat_list_shows_the_latest_message_and_time_as_they_happen(
     tap(page.get_by_role("button", name="Ask Basil"))
     expect(page.locator("article.message.assistant.done")).to_contain_text("risotto again")
     expect(mine.locator(".preview")).to_have_text("Basil: Basil does, risotto again.")
+    # The live region read the finished reply out.
+    expect(page.locator("#announcer")).to_have_text("Basil replied. Basil does, risotto again.")
 
 
 def _group_chat(title: str = "Dinner club") -> dict:
@@ -195,3 +197,71 @@ def test_the_panel_shows_borrowed_context_as_soon_as_a_reply_borrowed_it(
     expect(reply.get_by_role("link", name="Borrowed 2 messages from “Roses”")).to_be_visible()
     expect(panel).to_contain_text("borrowed context waiting")
     expect(panel).to_contain_text("2 messages for Ada's next reply here")
+
+
+def test_copy_puts_a_message_on_the_clipboard_and_discard_asks_first(browser, live_server):
+    admin = factories.user(factories.account(), "dana@example.com", "admin")
+    ada = factories.agent(admin.account, "Ada")
+    chat = factories.chat(admin.account, [ada], "Roses")
+    factories.message(chat, "Plant **Rambling Rector** by the north wall.", author=ada)
+    email, chat_id = admin.email, chat.id
+    db.session.remove()
+    # A page of its own: clipboard access granted, and each confirmation answered as the test says.
+    context = browser.new_context(
+        viewport={"width": 1280, "height": 800}, permissions=["clipboard-read", "clipboard-write"]
+    )
+    try:
+        page = context.new_page()
+        page.set_default_timeout(15_000)
+        questions, answers = [], [False, True]
+        page.on(
+            "dialog", lambda d: (questions.append(d.message), d.accept() if answers.pop(0) else d.dismiss())
+        )
+        sign_in(page, live_server, email)
+        page.goto(f"{live_server}/chats/{chat_id}")
+
+        copy = page.locator("article.message.assistant button.copy")  # its name becomes "Copied"
+        expect(copy).to_have_text("Copy")
+        tap(copy)
+        expect(copy).to_have_text("Copied")
+        assert page.evaluate("navigator.clipboard.readText()") == "Plant Rambling Rector by the north wall."
+
+        # Discard asks first; "Cancel" keeps the chat as it was.
+        discard = page.get_by_role("button", name="Discard this chat")
+        tap(discard)
+        assert questions == ["Discard “Roses”? You can restore it from Chats → Discarded."]
+        page.reload()
+        expect(page.get_by_role("heading", name="Roses", level=1)).to_be_visible()
+        expect(page.get_by_text("This chat is discarded.")).to_have_count(0)
+        # "OK" discards it: back to the chats, where it is no longer listed.
+        tap(discard)
+        expect(page.get_by_role("heading", name="Chats", level=1)).to_be_visible()
+        expect(page.locator("#chat-list")).not_to_contain_text("Roses")
+        assert len(questions) == 2
+    finally:
+        context.close()
+
+
+def test_the_skip_link_and_the_agents_list_on_a_phone(page, live_server):
+    admin = factories.user(factories.account(), "dana@example.com", "admin")
+    factories.agent(admin.account, "Ada", model_id="a-rather-long-provider/model-name-for-ada")
+    factories.agent(admin.account, "Basil")
+    email = admin.email
+    db.session.remove()
+    page.set_viewport_size({"width": 390, "height": 844})
+    sign_in(page, live_server, email)
+    page.goto(f"{live_server}/agents/")
+
+    # The first Tab reaches the skip link; following it puts the focus on the page's content.
+    page.keyboard.press("Tab")
+    expect(page.get_by_role("link", name="Skip to content")).to_be_focused()
+    page.keyboard.press("Enter")
+    expect(page.locator("main#main")).to_be_focused()
+
+    check_page(page, "phone", "agents-list")  # no sideways scroll, no serious axe violation
+    ada = page.locator("#agent-list tbody tr", has_text="Ada")
+    tap(ada.get_by_role("link", name="Memory", exact=True))
+    expect(page.get_by_role("heading", name="Ada · memory ledger")).to_be_visible()
+    page.go_back()
+    tap(ada.get_by_role("link", name="Edit", exact=True))
+    expect(page.get_by_role("heading", name="Edit Ada")).to_be_visible()
