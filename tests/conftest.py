@@ -222,6 +222,13 @@ def worker_env(app) -> dict[str, str]:
 
 
 @pytest.fixture
+def summaries_on_their_own_model(monkeypatch):
+    """Summary jobs follow replies; on the agent's own model they would take an answer scripted for a reply
+    (fake_llm.reply(..., model=...)). Use before worker_process, which reads the environment."""
+    monkeypatch.setenv("SUMMARY_MODEL_ID", "summary-model")
+
+
+@pytest.fixture
 def worker_process(live_app):
     """A real RQ worker (python worker.py) running until the test ends."""
     root = Path(__file__).resolve().parent.parent

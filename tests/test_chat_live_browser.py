@@ -13,13 +13,7 @@ from tests.test_first_hour_browser import check_page, tap
 from webapp.extensions import db
 from webapp.timeutil import utcnow
 
-pytestmark = pytest.mark.browser
-
-
-@pytest.fixture(autouse=True)
-def _summaries_use_their_own_model(monkeypatch):
-    """Summary jobs follow replies and would otherwise ask the agent's model, taking an answer scripted for it."""
-    monkeypatch.setenv("SUMMARY_MODEL_ID", "summary-model")
+pytestmark = [pytest.mark.browser, pytest.mark.usefixtures("summaries_on_their_own_model")]
 
 
 def sign_in(page: Page, live_server: str, email: str) -> None:

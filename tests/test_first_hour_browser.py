@@ -14,7 +14,7 @@ from playwright.sync_api import Locator, Page, expect
 from tests import factories
 from tests.conftest import ARTIFACTS
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.usefixtures("summaries_on_their_own_model")]
 
 AXE = Path(__file__).resolve().parent / "vendor" / "axe-core-4.14.1.min.js"  # vendored from npm (axe-core)
 SIZES = {"desktop": (1280, 800), "phone": (390, 844)}
@@ -98,8 +98,9 @@ def test_the_first_hour(page, size, live_server, worker_process, fake_llm):
     fake_llm.reply(
         "Noted.",
         tool_calls=[("save_memory", {"content": "Dana prefers window seats.", "memory_type": "core"})],
+        model="ada-model",
     )
-    fake_llm.reply("I'll book window seats from now on.")
+    fake_llm.reply("I'll book window seats from now on.", model="ada-model")
     composer.fill("Remember that I prefer window seats.")
     composer.press("Enter")
     expect(page.locator("article.message.user")).to_contain_text("Remember that I prefer window seats.")
@@ -119,7 +120,7 @@ def test_the_first_hour(page, size, live_server, worker_process, fake_llm):
 
     # Send with the button; the focus stays in the composer.
     composer = page.get_by_label("Message", exact=True)
-    fake_llm.reply("Lisbon in May is lovely.")
+    fake_llm.reply("Lisbon in May is lovely.", model="ada-model")
     composer.fill("Where should I go in May?")
     tap(page.get_by_role("button", name="Send", exact=True))
     expect(page.locator("article.message.assistant.done").last).to_contain_text("Lisbon in May is lovely.")
@@ -128,7 +129,9 @@ def test_the_first_hour(page, size, live_server, worker_process, fake_llm):
 
     # Stop a streaming reply: it keeps what it wrote.
     fake_llm.chunk_delay = 0.3
-    fake_llm.reply("One two three four five six seven eight nine ten eleven twelve thirteen fourteen.")
+    fake_llm.reply(
+        "One two three four five six seven eight nine ten eleven twelve thirteen fourteen.", model="ada-model"
+    )
     composer.fill("Count slowly.")
     composer.press("Enter")
     assert composer_has_focus(page)
@@ -143,7 +146,7 @@ def test_the_first_hour(page, size, live_server, worker_process, fake_llm):
 
     # Regenerate the last reply.
     fake_llm.chunk_delay = 0
-    fake_llm.reply("1, 2, 3.")
+    fake_llm.reply("1, 2, 3.", model="ada-model")
     tap(stopped.get_by_role("button", name="Regenerate"))
     expect(page.locator("article.message.assistant.done").last).to_contain_text("1, 2, 3.")
     expect(page.locator("article.message.assistant")).to_have_count(3)
