@@ -192,3 +192,30 @@ def test_an_html_body_is_a_retryable_model_error_not_a_crash(agent, journal, fak
 def test_one_reflection_per_agent_at_a_time(agent):
     assert enqueue(reflect_agent, agent.id) is not None
     assert enqueue(reflect_agent, agent.id) is None
+
+
+def test_no_second_reflection_is_queued_while_one_is_running(app, agent, journal, fake_llm, monkeypatch):
+    from webapp import llm
+
+    enqueue(reflect_agent, agent.id)
+    db.session.commit()
+    fake_llm.reply(json.dumps({"promote": [1]}))
+    complete, agent_id, meanwhile = llm.complete, agent.id, []
+
+    def asked_again_while_it_thinks(*args, **kwargs):
+        if meanwhile:
+            return complete(*args, **kwargs)
+        with app.app_context():  # the daily finder and a second request, each in its own session
+            meanwhile.append(db.session.scalar(sa.select(JobRun.status).where(JobRun.job_type == "reflect")))
+            meanwhile.append(reflect_all())
+            meanwhile.append(enqueue(reflect_agent, agent_id))
+            db.session.commit()
+        return complete(*args, **kwargs)
+
+    monkeypatch.setattr(llm, "complete", asked_again_while_it_thinks)
+    SimpleWorker([rq_queue()], connection=app.extensions["redis"]).work(burst=True)
+
+    assert meanwhile == ["running", {"agents": 1}, None]  # the agent was due, but its reflection was running
+    runs = db.session.scalars(sa.select(JobRun.status).where(JobRun.job_type == "reflect")).all()
+    assert runs == ["done"] and rq_queue().count == 0
+    assert _types(journal)[0] == "core"  # the one reflection did its work
