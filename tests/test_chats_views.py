@@ -433,6 +433,42 @@ def test_members_see_of_an_agents_memory_what_its_admin_lets_them(
     assert "Core fact 0 about Dana." in page and "Dana flies on Monday." in page
 
 
+@pytest.mark.parametrize(
+    ("setting", "core_chip_shown", "journal_chip_shown"),
+    [("prompt", True, True), ("core", True, False), ("none", False, False)],
+)
+def test_a_saved_memory_chip_shows_members_only_what_the_agents_admin_lets_them(
+    client, auth, admin, member, ada, setting, core_chip_shown, journal_chip_shown
+):
+    """The chip under a reply quotes what the agent saved; a member whom the agent's admin does not let see
+    that kind of memory reads only that something was saved, with no quote and no link to the memory."""
+    from webapp.tools import steps
+
+    ada.members_see_memory = setting
+    chat = factories.chat(admin.account, [ada])
+    reply = factories.message(chat, "Noted both.", author=ada)
+    reply.tools_used = [
+        steps.finished("save_memory", {"content": f"Dana {kind} fact.", "memory_type": kind}, result, 0)
+        for kind, result in (
+            ("core", {"saved": True, "memory_id": 1}),
+            ("journal", {"saved": True, "memory_id": 2}),
+        )
+    ]
+    db.session.commit()
+
+    auth.login(member)
+    page = client.get(f"/chats/{chat.id}").text
+    assert ("Dana core fact." in page) is core_chip_shown
+    assert ("#memory-1" in page) is core_chip_shown
+    assert ("Dana journal fact." in page) is journal_chip_shown
+    assert ("#memory-2" in page) is journal_chip_shown
+    assert page.count("Saved a memory") == (not core_chip_shown) + (not journal_chip_shown)
+    client.post("/logout")
+    auth.login(admin)
+    page = client.get(f"/chats/{chat.id}").text
+    assert "Dana core fact." in page and "Dana journal fact." in page
+
+
 def test_an_agents_memory_page_shows_what_its_prompt_holds_and_what_did_not_fit(app, client, signed_in, ada):
     from webapp.models import AgentMemory
     from webapp.prompting.build import build_prompt

@@ -86,6 +86,7 @@ def test_the_tool_loop_saves_a_memory_and_feeds_the_result_back(app, fake_llm, c
             "state": "done",
             "chip": "Saved to journal: “Dana likes green tea.”",
             "memory_id": memory.id,
+            "memory_type": "journal",
         }
     ]
     audit = db.session.scalar(sa.select(AuditLog))

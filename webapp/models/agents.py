@@ -43,6 +43,11 @@ class Agent(db.Model):
         """What this user may see of the agent's memory from a chat: "prompt", "core" or "none"."""
         return "prompt" if user.is_admin else self.members_see_memory
 
+    def shows_memory_to(self, user: User, memory_type: str | None) -> bool:
+        """Whether this user may read a memory of this type (a saved-memory chip quotes one) from a chat."""
+        visible = self.memory_visible_to(user)
+        return visible == "prompt" or (visible == "core" and memory_type == "core")
+
     def identity(self) -> str:
         """The agent's system prompt, or the plain identity the specs fall back to."""
         return self.system_prompt.strip() or f"You are {self.name}."

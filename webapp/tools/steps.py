@@ -39,6 +39,7 @@ def finished(name: str, arguments: dict[str, Any], result: dict[str, Any], accou
             "state": "done",
             "chip": f"{verb} {where}: “{content}”",
             "memory_id": result.get("memory_id"),
+            "memory_type": "core" if where == "core memory" else "journal",
         }
     if name == "borrow_context":
         source = _chat_named(arguments.get("conversation_id"), account_id)
