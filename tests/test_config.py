@@ -107,7 +107,7 @@ def test_every_numeric_setting_has_a_range(bare_env, tmp_path):
 
     numeric = {k for k, v in settings.items() if isinstance(v, int | float) and not isinstance(v, bool)}
 
-    assert numeric == set(config.BOUNDS)
+    assert set(config.BOUNDS) <= numeric <= set(config.BOUNDS) | set(config.OPTIONAL_BOUNDS)
     config.validate(settings)  # the defaults are valid
 
 
@@ -115,6 +115,9 @@ def test_retry_waits_and_the_output_cap_come_from_the_environment(bare_env, tmp_
     for name in ("JOB_RETRY_SECONDS", "LLM_MAX_OUTPUT_TOKENS", "PROMPT_TOKEN_BUDGET"):
         monkeypatch.delenv(name, raising=False)
     defaults = config.load(str(tmp_path))
+    monkeypatch.setenv("LLM_BASE_URL", "https://api.example.com/v1")
+    assert config.load(str(tmp_path))["LLM_MAX_OUTPUT_TOKENS"] is None  # another provider: its own limit
+    monkeypatch.delenv("LLM_BASE_URL")
     monkeypatch.setenv("JOB_RETRY_SECONDS", " 5, 30 ,0")
     monkeypatch.setenv("LLM_MAX_OUTPUT_TOKENS", "2000")
 
@@ -122,8 +125,8 @@ def test_retry_waits_and_the_output_cap_come_from_the_environment(bare_env, tmp_
 
     assert (defaults["JOB_RETRY_SECONDS"], defaults["LLM_MAX_OUTPUT_TOKENS"]) == (
         [10, 60, 300],
-        None,
-    )  # no cap
+        config.LOCAL_MODEL_MAX_OUTPUT_TOKENS,
+    )  # the local model rambles: capped by default
     assert (settings["JOB_RETRY_SECONDS"], settings["LLM_MAX_OUTPUT_TOKENS"]) == ([5, 30, 0], 2000)
     # The local model's window keeps room for that answer: the default prompt budget is what is left.
     assert settings["PROMPT_TOKEN_BUDGET"] == config.LOCAL_MODEL_CONTEXT_TOKENS - 2000

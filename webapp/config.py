@@ -13,6 +13,9 @@ LOCAL_LLM_PORT = 8088
 LOCAL_MODEL_ID = "smollm2"
 LOCAL_MODEL_CONTEXT_TOKENS = 8192  # the local model's window (n_ctx): a request and its answer together
 ANSWER_RESERVE_TOKENS = 1024  # the room a request leaves for its answer when LLM_MAX_OUTPUT_TOKENS is unset
+# The local model's answers are capped by default at the room its window keeps for them: a 135M model can
+# ramble until its window is full (minutes on a CPU), and its server answers one request at a time.
+LOCAL_MODEL_MAX_OUTPUT_TOKENS = ANSWER_RESERVE_TOKENS
 
 
 def _database_uri(instance_path: str) -> str:
@@ -100,6 +103,8 @@ def load(instance_path: str) -> dict:
     Path(instance_path).mkdir(parents=True, exist_ok=True)
     scheme = os.environ.get("PREFERRED_URL_SCHEME", "http")
     max_output = _optional_int("LLM_MAX_OUTPUT_TOKENS")
+    if max_output is None and not os.environ.get("LLM_BASE_URL"):
+        max_output = LOCAL_MODEL_MAX_OUTPUT_TOKENS
     return {
         "SECRET_KEY": _secret_key(instance_path),
         # Cookies are SameSite=Lax, and Secure when Cairn is served over HTTPS (PREFERRED_URL_SCHEME=https,
@@ -124,7 +129,7 @@ def load(instance_path: str) -> dict:
         "LLM_API_KEY": os.environ.get("LLM_API_KEY", "local"),
         "DEFAULT_MODEL_ID": os.environ.get("DEFAULT_MODEL_ID", LOCAL_MODEL_ID),
         "LLM_TIMEOUT_SECONDS": _float("LLM_TIMEOUT_SECONDS", 120),
-        # The most tokens one answer may take (max_tokens); unset, the provider's own limit.
+        # The most tokens one answer may take (max_tokens); unset, the provider's own limit (the local model: 1024).
         "LLM_MAX_OUTPUT_TOKENS": max_output,
         # {"model-id": {"input": dollars per 1M tokens, "output": dollars per 1M tokens}}
         "MODEL_PRICES": _prices(),
