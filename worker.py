@@ -1,9 +1,11 @@
-"""An RQ worker that runs every job inside the Flask app context: `python worker.py [--burst]`.
+"""An RQ worker that runs every job inside the Flask app context: `python worker.py [--burst] [--replies-only]`.
 
 It rides out a Redis outage: RQ retries its dequeue with backoff, the worker registers itself again if Redis
 lost its data, and any other Redis error that ends RQ's work loop starts a fresh worker once Redis answers.
 It serves the reply queue before the background queue, and sweeps for lost or interrupted work (webapp.jobs.queue)
-in a thread: the sweep must run exactly when Redis lost its data, so it cannot itself be a job in Redis.
+in a thread: the sweep must run exactly when Redis lost its data, so it cannot itself be a job in Redis. With
+--replies-only it serves the reply queue alone: a worker in the middle of an hour-long consolidation cannot take
+a reply, so at least one such worker keeps replies answered whatever the background work.
 
 Jobs run in the worker's own process, one after another, not in a work horse forked per job: a fork cost each
 job a cold start (new database and Redis connections, SQLAlchemy's statement cache and the model client's
@@ -11,6 +13,7 @@ connection pool empty again), about half a second above the model call (bench/jo
 with its worker (kill -9, OOM) is found by the sweep of another worker, as its run's lock stops being renewed.
 """
 
+import argparse
 import logging
 import signal
 import sys
@@ -88,25 +91,35 @@ def preload(app: Flask) -> None:
     sa.orm.configure_mappers()
 
 
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="worker.py", description="Run Cairn's jobs (an RQ worker).")
+    parser.add_argument("--burst", action="store_true", help="stop once the queues are empty")
+    parser.add_argument(
+        "--replies-only", action="store_true", help="serve only the reply queue, never background memory work"
+    )
+    return parser.parse_args(argv[1:])
+
+
 def main(argv: list[str]) -> None:
+    args = parse_args(argv)
     try:
         app = create_app()
     except config.ConfigError as error:
         raise SystemExit(f"Cairn cannot start: {error}") from None
     AppWorker.app = app
     preload(app)  # the job modules among it: the sweep queues any job type again from its job_runs row
-    burst = "--burst" in argv
     stop = threading.Event()
     threading.Thread(target=sweep_forever, args=(app, stop), name="sweep", daemon=True).start()
     with app.app_context():
         wait_for_redis()
         while True:
-            worker = AppWorker(worker_queues(), connection=redis_connection(), worker_ttl=WORKER_TTL_SECONDS)
+            queues = worker_queues(replies_only=args.replies_only)
+            worker = AppWorker(queues, connection=redis_connection(), worker_ttl=WORKER_TTL_SECONDS)
             try:
-                worker.work(burst=burst, with_scheduler=True)
+                worker.work(burst=args.burst, with_scheduler=True)
             except (RedisConnectionError, RedisTimeoutError) as e:
                 log.error("Lost Redis while stopping the work loop: %s", e)
-            if burst or worker.stopping:
+            if args.burst or worker.stopping:
                 stop.set()
                 return
             signal.signal(signal.SIGTERM, signal.SIG_DFL)  # RQ's handlers would ask the lost Redis

@@ -132,8 +132,11 @@ def rq_queue(name: str = "background") -> Queue:
     return Queue(f"{base}-replies" if name == "replies" else base, connection=redis_connection())
 
 
-def worker_queues() -> list[Queue]:
-    """The queues a worker serves, in order: a reply is always taken before background memory work."""
+def worker_queues(replies_only: bool = False) -> list[Queue]:
+    """The queues a worker serves, in order: a reply is always taken before background memory work. A
+    replies-only worker never takes background work, so a long consolidation cannot keep a reply waiting."""
+    if replies_only:
+        return [rq_queue("replies")]
     return [rq_queue("replies"), rq_queue("background")]
 
 
