@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 from redis import Redis
-from rq import Queue
+from redis.exceptions import RedisError
+from rq import Queue, Worker
 from rq.job import Job, JobStatus
 
 from tests import sample_jobs
@@ -24,6 +25,8 @@ from webapp.models import JobRun
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parent.parent
+# The queues each worker of `make run` serves: one takes replies first, then background work; one replies only.
+WORKERS = [["cairn-replies"], ["cairn-replies", "cairn"]]
 
 
 def _run_burst_worker(app) -> None:
@@ -84,7 +87,7 @@ def test_make_run_survives_crashes_of_worker_scheduler_and_redis_and_stops_clean
         capture_output=True,
         text=True,
     ).stdout.split()
-    assert names == ["web", "worker", "scheduler", "redis", "ready"]
+    assert names == ["web", "worker", "replies", "scheduler", "redis", "ready"]
 
     output_file = tmp_path / "honcho.log"
     with output_file.open("wb") as output:
@@ -96,16 +99,23 @@ def test_make_run_survives_crashes_of_worker_scheduler_and_redis_and_stops_clean
         wait_for(lambda: _healthy(port), seconds=60, what="GET /healthz to report all up")
         wait_for(lambda: "Cairn is up at" in output_file.read_text(), what="the URL to be printed")
         web = _processes_of(instance, "gunicorn")
-        for crashed in ("worker.py", "schedule run", "redis-server"):
+        wait_for(lambda: _worker_queues(instance) == WORKERS, what="a general and a replies-only worker")
+        for crashed in ("worker.py", "schedule run", "redis-server"):  # both workers, for worker.py
             before = _processes_of(instance, crashed)
+            commands = _commands(before)
+            assert commands
             for pid in before:
                 os.kill(pid, signal.SIGKILL)
-            wait_for(lambda c=crashed, b=before: _processes_of(instance, c) - b, what=f"{crashed} to restart")
+            wait_for(
+                lambda c=crashed, b=before, e=commands: _commands(_processes_of(instance, c) - b) >= e,
+                what=f"{crashed} to restart",
+            )
             assert _answers(port, "/login") == 200  # web kept serving
         # The restarted worker, on the restarted redis, runs the next job.
         wait_for(lambda: _enqueue_ping(env), seconds=60, what="a job to be enqueued")
         wait_for(lambda: "Job OK" in output_file.read_text(), seconds=60, what="the job to run")
         wait_for(lambda: _healthy(port), seconds=60, what="GET /healthz to report all up again")
+        wait_for(lambda: _worker_queues(instance) == WORKERS, what="both workers back on the new redis")
         assert _processes_of(instance, "gunicorn") == web, "web was restarted"
     finally:
         os.killpg(honcho.pid, signal.SIGINT)  # what Ctrl-C in the terminal sends
@@ -121,6 +131,26 @@ def test_make_run_survives_crashes_of_worker_scheduler_and_redis_and_stops_clean
 
 def _enqueue_ping(env: dict[str, str]) -> bool:
     return subprocess.run(["flask", "jobs", "ping"], cwd=ROOT, env=env, capture_output=True).returncode == 0
+
+
+def _worker_queues(instance: Path) -> list[list[str]]:
+    """The queues of each worker registered with the embedded redis."""
+    try:
+        with Redis(unix_socket_path=str(instance / "redis.sock")) as connection:
+            return sorted(worker.queue_names() for worker in Worker.all(connection=connection))
+    except (RedisError, OSError):
+        return []  # redis restarting
+
+
+def _commands(pids: set[int]) -> set[str]:
+    """The command lines of these processes (a worker's scheduler, which RQ forks from it, has the same)."""
+    commands = set()
+    for pid in pids:
+        try:
+            commands.add(Path(f"/proc/{pid}/cmdline").read_text())
+        except OSError:
+            continue  # gone
+    return commands
 
 
 def _processes_of(instance: Path, command: str) -> set[int]:

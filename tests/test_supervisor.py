@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import free_port, wait_for
-from webapp.runtime.processes import llm_self_test
+from webapp.runtime.processes import llm_self_test, procfile_names, service
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -130,3 +130,26 @@ def test_the_model_self_test_fails_a_model_that_answers_nothing(fake_llm):
         child.kill()
         child.wait()
     assert problem.startswith("the local model answered its self-test with 0 token(s)")
+
+
+def _procfile() -> dict[str, str]:
+    lines = (ROOT / "Procfile").read_text().splitlines()
+    return dict(line.split(": ", 1) for line in lines if line and not line.startswith("#"))
+
+
+def test_make_run_supervises_every_process_it_names_among_them_a_replies_only_worker(tmp_path):
+    settings = {
+        "EMBEDDED_REDIS": True,
+        "LOCAL_LLM": True,
+        "REDIS_URL": f"unix://{tmp_path / 'redis.sock'}",
+        "LLM_BASE_URL": "http://127.0.0.1:8088/v1",
+        "LOCAL_LLM_PORT": 8088,
+    }
+    procfile = _procfile()
+
+    for name in procfile_names(settings)[:-1]:  # all but `ready`, which only prints the URL
+        assert procfile[name] == f"python -m webapp.runtime.processes run {name}"
+        assert service(name, settings, tmp_path).name == name
+    worker, replies = (service(name, settings, tmp_path).argv for name in ("worker", "replies"))
+    assert worker[1:] == [str(ROOT / "worker.py")]  # replies first, then background work
+    assert replies[1:] == [str(ROOT / "worker.py"), "--replies-only"]  # never background work

@@ -1,11 +1,13 @@
 """The processes `make run` starts (the Procfile), each kept running by a supervisor, and the embedded services.
 
     python -m webapp.runtime.processes names        # the Procfile entries this configuration needs
-    python -m webapp.runtime.processes run NAME     # run web, worker, scheduler, redis or llm under a supervisor
+    python -m webapp.runtime.processes run NAME     # run web, worker, replies, scheduler, redis or llm, supervised
     python -m webapp.runtime.processes ready        # print the URL and the demo login once everything is up
     python -m webapp.runtime.processes llm-server PORT   # the local model's OpenAI-compatible server, quiet
 
 A crash of any one process is restarted with backoff (webapp/runtime/supervisor.py) while the others keep running.
+Two workers run: `worker` takes replies first, then background memory work; `replies` takes replies only, so a
+reply is answered at once even while `worker` spends minutes on a consolidation.
 Ctrl-C leaves nothing behind: honcho SIGTERMs each supervisor, which stops its child; the embedded
 redis-server is stopped last, once the worker and scheduler have let go of it.
 """
@@ -195,8 +197,8 @@ def web_argv(port: int | str) -> list[str]:
 
 
 def procfile_names(settings: dict) -> list[str]:
-    """The Procfile processes to start: web, worker, scheduler, the embedded services when needed, ready."""
-    names = ["web", "worker", "scheduler"]
+    """The Procfile processes to start: web, the two workers, scheduler, the embedded services when needed, ready."""
+    names = ["web", "worker", "replies", "scheduler"]
     if settings["EMBEDDED_REDIS"]:
         names.append("redis")
     if settings["LOCAL_LLM"]:
@@ -212,6 +214,8 @@ def service(name: str, settings: dict, instance: Path) -> Service:
         return Service(name, web_argv(os.environ.get("PORT", "5000")))
     if name == "worker":
         return Service(name, [python, str(PROJECT_ROOT / "worker.py")])
+    if name == "replies":
+        return Service(name, [python, str(PROJECT_ROOT / "worker.py"), "--replies-only"])
     if name == "scheduler":
         return Service(name, [flask, "schedule", "run"])
     if name == "redis":
@@ -220,7 +224,7 @@ def service(name: str, settings: dict, instance: Path) -> Service:
             name,
             redis_server_argv(socket_path, instance),
             before_start=lambda: socket_path.unlink(missing_ok=True),  # left by a server that was killed
-            # The worker and scheduler stop at the same time; a redis that vanished first would fail their
+            # The workers and scheduler stop at the same time; a redis that vanished first would fail their
             # clean shutdown, so it waits (briefly) until they have let go of it.
             before_stop=lambda: wait_until_idle(Redis(unix_socket_path=str(socket_path)), grace_seconds=2),
         )
@@ -237,7 +241,7 @@ def service(name: str, settings: dict, instance: Path) -> Service:
             ),
             on_exit=lambda: marker.unlink(missing_ok=True),
         )
-    raise SystemExit(f"No process named {name!r}; expected web, worker, scheduler, redis or llm.")
+    raise SystemExit(f"No process named {name!r}; expected web, worker, replies, scheduler, redis or llm.")
 
 
 def llm_ready_marker(instance: Path) -> Path:
