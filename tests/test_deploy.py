@@ -10,7 +10,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
-SERVICES = ["cairn-web.service", "cairn-streams.service", "cairn-worker@.service", "cairn-scheduler.service"]
+SERVICES = [
+    "cairn-web.service",
+    "cairn-streams.service",
+    "cairn-worker@.service",
+    "cairn-replies@.service",
+    "cairn-scheduler.service",
+]
 
 
 def _unit(name: str) -> configparser.ConfigParser:
@@ -30,7 +36,7 @@ def test_each_process_is_restarted_for_ever(name):
     assert unit["Service"]["EnvironmentFile"] == "/etc/cairn/cairn.env"
 
 
-def test_the_target_starts_web_streams_two_workers_and_one_scheduler():
+def test_the_target_starts_web_streams_two_workers_a_replies_only_worker_and_one_scheduler():
     wants = _unit("cairn.target")["Unit"]["Wants"].split()
 
     assert sorted(wants) == sorted(
@@ -39,6 +45,7 @@ def test_the_target_starts_web_streams_two_workers_and_one_scheduler():
             "cairn-streams.service",
             "cairn-worker@1.service",
             "cairn-worker@2.service",
+            "cairn-replies@1.service",
             "cairn-scheduler.service",
         ]
     )
@@ -48,6 +55,7 @@ def test_the_units_run_the_commands_the_readme_gives():
     commands = {name: _unit(name)["Service"]["ExecStart"] for name in SERVICES}
 
     assert commands["cairn-worker@.service"] == "/opt/cairn/.venv/bin/python worker.py"
+    assert commands["cairn-replies@.service"] == "/opt/cairn/.venv/bin/python worker.py --replies-only"
     assert commands["cairn-scheduler.service"] == "/opt/cairn/.venv/bin/flask schedule run"
     assert "--worker-class gthread" in commands["cairn-web.service"]
     assert "--worker-class gevent" in commands["cairn-streams.service"]
@@ -70,10 +78,12 @@ def test_systemd_accepts_the_units(tmp_path):
         "cairn-web.service",
         "cairn-streams.service",
         "cairn-worker@1.service",
+        "cairn-replies@1.service",
         "cairn-scheduler.service",
     ]
     units = [str(tmp_path / n) for n in names]
-    (tmp_path / "cairn-worker@1.service").write_text((tmp_path / "cairn-worker@.service").read_text())
+    for template in ("cairn-worker", "cairn-replies"):
+        (tmp_path / f"{template}@1.service").write_text((tmp_path / f"{template}@.service").read_text())
 
     result = subprocess.run(
         ["systemd-analyze", "verify", "--man=no", *units, str(tmp_path / "cairn.target")],
