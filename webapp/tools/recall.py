@@ -37,24 +37,19 @@ def recall(context: ToolContext, query: str) -> dict[str, Any]:
 
 def _memories(agent: Agent, query: str, limit: int) -> list[AgentMemory]:
     """Active memories of this agent only (expired journal included), best match first."""
-    hits = search.ranked("agent_memories", query, Match.ANY_WORD)
+    mine = active_memories(agent.id)
+    hits = search.ranked(
+        "agent_memories", query, Match.ANY_WORD, within=mine.with_only_columns(AgentMemory.id)
+    )
     if hits is None:
         return []
     return list(
-        db.session.scalars(
-            active_memories(agent.id)
-            .join(hits, hits.c.id == AgentMemory.id)
-            .order_by(hits.c.rank)
-            .limit(limit)
-        )
+        db.session.scalars(mine.join(hits, hits.c.id == AgentMemory.id).order_by(hits.c.rank).limit(limit))
     )
 
 
 def _messages(agent: Agent, query: str, limit: int) -> list[Message]:
     """Finished messages of the chats this agent takes part in (its own account, not discarded)."""
-    hits = search.ranked("messages", query, Match.ANY_WORD)
-    if hits is None:
-        return []
     member_of = (
         sa.select(ChatAgent.chat_id)
         .join(Chat, Chat.id == ChatAgent.chat_id)
@@ -62,16 +57,17 @@ def _messages(agent: Agent, query: str, limit: int) -> list[Message]:
             ChatAgent.agent_id == agent.id, Chat.account_id == agent.account_id, Chat.discarded_at.is_(None)
         )
     )
+    readable = sa.select(Message.id).where(
+        Message.chat_id.in_(member_of), Message.status == "done", Message.role.in_(("user", "assistant"))
+    )
+    hits = search.ranked("messages", query, Match.ANY_WORD, within=readable)
+    if hits is None:
+        return []
     return list(
         db.session.scalars(
             sa.select(Message)
             .join(hits, hits.c.id == Message.id)
             .options(joinedload(Message.chat), joinedload(Message.user), joinedload(Message.agent))
-            .where(
-                Message.chat_id.in_(member_of),
-                Message.status == "done",
-                Message.role.in_(("user", "assistant")),
-            )
             .order_by(hits.c.rank)
             .limit(limit)
         )
