@@ -13,7 +13,7 @@ from webapp.web import health
 
 
 def _all_up(fake_redis) -> None:
-    Worker(["cairn"], connection=fake_redis).register_birth()
+    Worker(["cairn-replies", "cairn"], connection=fake_redis).register_birth()
     Scheduler(connection=fake_redis).register_birth()
 
 
@@ -57,8 +57,22 @@ def test_an_admin_sees_each_component(client, signed_in):
     assert checks["scheduler"]["ok"] is False
 
 
+def test_a_queue_no_live_worker_serves_counts_as_down(client, signed_in, fake_redis):
+    """A replies-only worker alone answers chats, but background memory work would wait for ever."""
+    Worker(["cairn-replies"], connection=fake_redis).register_birth()
+    Scheduler(connection=fake_redis).register_birth()
+
+    response = client.get("/healthz")
+
+    assert response.status_code == 503
+    assert response.get_json()["checks"]["workers"] == {
+        "ok": False,
+        "detail": "1 live worker(s) registered with RQ; none serves cairn",
+    }
+
+
 def test_a_worker_that_stopped_heartbeating_counts_as_down(app, client, signed_in, fake_redis):
-    worker = Worker(["cairn"], connection=fake_redis)
+    worker = Worker(["cairn-replies", "cairn"], connection=fake_redis)
     worker.register_birth()
     Scheduler(connection=fake_redis).register_birth()
     assert client.get("/healthz").status_code == 200

@@ -20,7 +20,7 @@ from rq import Worker
 from sqlalchemy.engine import make_url
 
 from webapp.extensions import db
-from webapp.jobs.queue import redis_connection
+from webapp.jobs.queue import redis_connection, worker_queues
 from webapp.jobs.schedule import scheduler_alive
 from webapp.timeutil import utcnow
 
@@ -85,7 +85,12 @@ def check_workers() -> Check:
     except (RedisError, OSError) as e:  # redis is down: reported by check_redis too
         return Check(False, f"cannot ask redis: {e}")
     alive = [w for w in workers if w.death_date is None and _recent(w.last_heartbeat)]
-    return Check(bool(alive), f"{len(alive)} live worker(s) registered with RQ")
+    served = {name for w in alive for name in w.queue_names()}
+    unserved = [q.name for q in worker_queues() if q.name not in served]
+    detail = f"{len(alive)} live worker(s) registered with RQ"
+    if alive and unserved:  # a replies-only worker alone: background memory work waits
+        detail += f"; none serves {', '.join(unserved)}"
+    return Check(not unserved, detail)
 
 
 def _recent(heartbeat) -> bool:
