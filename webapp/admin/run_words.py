@@ -13,6 +13,7 @@ from sqlalchemy.orm import load_only
 
 from webapp.admin.common import bp
 from webapp.extensions import db
+from webapp.jobs.queue import target_ids
 from webapp.models import Agent, Chat, JobRun, Message
 
 JOB_NAMES = {
@@ -75,13 +76,7 @@ class Named:
 
 def _ids(targets: Iterable[str | None], key: str) -> set[int]:
     """The ids that targets such as "messages:1,2" or "chat:3 agent:2" give for one key."""
-    found: set[int] = set()
-    for target in targets:
-        for part in (target or "").split():
-            name, _, ids = part.partition(":")
-            if name == key:
-                found |= {int(i) for i in ids.split(",") if i.isdigit()}
-    return found
+    return {i for target in targets for i in target_ids(target, key)}
 
 
 def worked_on(runs: list[JobRun]) -> dict[int, list[Named]]:

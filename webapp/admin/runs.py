@@ -17,7 +17,7 @@ from flask_login import current_user
 from webapp.admin.common import account_audit, answer, bp
 from webapp.extensions import db
 from webapp.jobs.consolidation import consolidate_chat
-from webapp.jobs.queue import enqueue, waiting_run
+from webapp.jobs.queue import enqueue, job_target, target_ids, waiting_run
 from webapp.jobs.refinement import CLOSING, refine_agent
 from webapp.jobs.reflection import reflect_agent
 from webapp.models import Agent, AuditLog, Chat, ChatAgent, JobRun
@@ -88,8 +88,8 @@ def _group_chat_ids(agent: Agent) -> list[int]:
 
 def _targets(kind: str, agent: Agent) -> list[str]:
     if kind == "consolidate":
-        return [f"chat:{chat_id}" for chat_id in _group_chat_ids(agent)]
-    return [f"agent:{agent.id}"]
+        return [job_target(chat=chat_id) for chat_id in _group_chat_ids(agent)]
+    return [job_target(agent=agent.id)]
 
 
 def _enqueue(kind: str, agent: Agent, targets: list[str]) -> int | None:
@@ -99,7 +99,9 @@ def _enqueue(kind: str, agent: Agent, targets: list[str]) -> int | None:
     elif kind == "reflect":
         calls = [(reflect_agent, agent.id)]
     else:
-        calls = [(consolidate_chat, int(target.removeprefix("chat:")), True) for target in targets]
+        calls = [
+            (consolidate_chat, chat_id, True) for target in targets for chat_id in target_ids(target, "chat")
+        ]
     waiting = [waiting_run(*call) for call in calls]
     for call in calls:
         enqueue(*call)
