@@ -101,8 +101,7 @@ def _listed(agent_id: int, show: str, q: str, now: datetime) -> sa.Select:
         query = active_memories(agent_id).where(*_conditions(AgentMemory, now)[show])
     if q:
         query = query.where(AgentMemory.content.ilike(like_pattern(q), escape="\\"))
-        within = sa.select(AgentMemory.id).where(AgentMemory.agent_id == agent_id)
-        hits = search.ranked("agent_memories", q, Match.ALL_PREFIXES, within=within)
+        hits = search.ranked(AgentMemory, q, Match.ALL_PREFIXES, AgentMemory.agent_id == agent_id)
         if hits is not None:  # the full-text index finds the candidates; the pattern keeps what was typed
             query = query.where(AgentMemory.id.in_(sa.select(hits.c.id)))
     return query.order_by(AgentMemory.created_at.desc(), AgentMemory.id.desc())

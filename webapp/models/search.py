@@ -40,41 +40,43 @@ def terms(text: str) -> list[str]:
     return [w for w in TERM.findall(text.casefold()) if w not in STOP_WORDS][:MAX_TERMS]
 
 
-def ranked(table: str, text: str, match: Match, within: sa.Select) -> sa.Subquery | None:
-    """(id, rank) of the rows of `table` matching text among the ids `within` selects, lower rank first; None
-    when text has no words. The scope is applied inside the search, so a common word ranks only the caller's
-    rows (an agent's memories, its conversations' messages), not every row of the table that holds it."""
+def ranked(model: type, text: str, match: Match, *scope: sa.ColumnElement[bool]) -> sa.Subquery | None:
+    """(id, rank) of the rows of `model` (AgentMemory or Message) matching text and the scope's conditions on
+    its columns, lower rank first; None when text has no words. The scope is applied inside the search, so a
+    common word ranks only the caller's rows (an agent's memories, its conversations' messages), not every row
+    of the table that holds it."""
     words = terms(text)
     if not words:
         return None
     if db.engine.dialect.name == "sqlite":
-        return _sqlite(table, words, match, within)
-    return _postgres(table, words, match, within)
+        return _sqlite(model, words, match, scope)
+    return _postgres(model, words, match, scope)
 
 
-def _sqlite(table: str, words: list[str], match: Match, within: sa.Select) -> sa.Subquery:
+def _sqlite(model: type, words: list[str], match: Match, scope: tuple) -> sa.Subquery:
     if match is Match.ANY_WORD:
         query = " OR ".join(f'"{w}"' for w in words)
     else:
         query = " ".join(f'"{w}"*' for w in words)
-    fts = sa.table(f"{table}_fts", sa.column("rowid"))
+    fts = sa.table(f"{model.__tablename__}_fts", sa.column("rowid"))
     # "+rowid": the scope filters the matches as they come. A plain `rowid IN` is a constraint FTS5 answers by
     # one lookup per scoped row (seconds for an agent's 20,000 messages; bench.recall).
-    in_scope = sa.literal_column(f"+{fts.name}.rowid").in_(within)
+    in_scope = sa.literal_column(f"+{fts.name}.rowid").in_(sa.select(model.id).where(*scope))
     statement = sa.select(
         fts.c.rowid.label("id"), sa.func.bm25(sa.literal_column(fts.name)).label("rank")
     ).where(sa.literal_column(fts.name).op("MATCH")(query), in_scope)
     return statement.subquery(f"{fts.name}_hits")
 
 
-def _postgres(table: str, words: list[str], match: Match, within: sa.Select) -> sa.Subquery:
+def _postgres(model: type, words: list[str], match: Match, scope: tuple) -> sa.Subquery:
+    """On the table itself, so PostgreSQL can combine the GIN index with the scope's own indexes."""
     query = " | ".join(words) if match is Match.ANY_WORD else " & ".join(f"{w}:*" for w in words)
-    rows = sa.table(table, sa.column("id"), sa.column("search_vector"))
+    search_vector = sa.literal_column(f"{model.__tablename__}.search_vector")
     tsquery = sa.func.to_tsquery("english", query)
-    statement = sa.select(
-        rows.c.id, (-sa.func.ts_rank_cd(rows.c.search_vector, tsquery)).label("rank")
-    ).where(rows.c.search_vector.op("@@")(tsquery), rows.c.id.in_(within))
-    return statement.subquery(f"{table}_hits")
+    statement = sa.select(model.id, (-sa.func.ts_rank_cd(search_vector, tsquery)).label("rank")).where(
+        search_vector.op("@@")(tsquery), *scope
+    )
+    return statement.subquery(f"{model.__tablename__}_hits")
 
 
 def rebuild() -> dict[str, int]:

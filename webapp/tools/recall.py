@@ -37,14 +37,17 @@ def recall(context: ToolContext, query: str) -> dict[str, Any]:
 
 def _memories(agent: Agent, query: str, limit: int) -> list[AgentMemory]:
     """Active memories of this agent only (expired journal included), best match first."""
-    mine = active_memories(agent.id)
-    hits = search.ranked(
-        "agent_memories", query, Match.ANY_WORD, within=mine.with_only_columns(AgentMemory.id)
-    )
+    mine = (AgentMemory.agent_id == agent.id, AgentMemory.is_active)  # the scope of active_memories
+    hits = search.ranked(AgentMemory, query, Match.ANY_WORD, *mine)
     if hits is None:
         return []
     return list(
-        db.session.scalars(mine.join(hits, hits.c.id == AgentMemory.id).order_by(hits.c.rank).limit(limit))
+        db.session.scalars(
+            active_memories(agent.id)
+            .join(hits, hits.c.id == AgentMemory.id)
+            .order_by(hits.c.rank)
+            .limit(limit)
+        )
     )
 
 
@@ -57,10 +60,12 @@ def _messages(agent: Agent, query: str, limit: int) -> list[Message]:
             ChatAgent.agent_id == agent.id, Chat.account_id == agent.account_id, Chat.discarded_at.is_(None)
         )
     )
-    readable = sa.select(Message.id).where(
-        Message.chat_id.in_(member_of), Message.status == "done", Message.role.in_(("user", "assistant"))
+    readable = (
+        Message.chat_id.in_(member_of),
+        Message.status == "done",
+        Message.role.in_(("user", "assistant")),
     )
-    hits = search.ranked("messages", query, Match.ANY_WORD, within=readable)
+    hits = search.ranked(Message, query, Match.ANY_WORD, *readable)
     if hits is None:
         return []
     return list(

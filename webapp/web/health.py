@@ -48,7 +48,7 @@ class Check:
 
 def check_database() -> Check:
     url = make_url(current_app.config["SQLALCHEMY_DATABASE_URI"]).render_as_string(hide_password=True)
-    try:  # on the request's own connection: a process under gevent may have only one (config._engine_options)
+    try:  # on the request's own connection: a process under gevent may have only one (config.engine_options)
         db.session.execute(sa.text("SELECT 1"))
     except sa.exc.SQLAlchemyError as e:
         db.session.rollback()
