@@ -180,3 +180,21 @@ def test_postgresql_plans_each_statement_for_its_own_parameters():
     options = app.config["SQLALCHEMY_ENGINE_OPTIONS"]["connect_args"]["options"]
     assert options == "-c plan_cache_mode=force_custom_plan"
     assert "connect_args" not in create_app({"SECRET_KEY": "x"}).config["SQLALCHEMY_ENGINE_OPTIONS"]  # SQLite
+
+
+def test_what_a_memory_job_reads_at_once_fits_the_local_models_window(bare_env, tmp_path, monkeypatch):
+    """A 100k-token consolidation chunk or a 50k-token compaction request would overflow the local model's
+    8k window (its context error, retried for ever); another provider reads that much at once."""
+    local = config.load(str(tmp_path))
+    monkeypatch.setenv("LLM_BASE_URL", "https://api.example.com/v1")
+    provider = config.load(str(tmp_path))
+
+    for name in ("CONSOLIDATION_CHUNK_TOKENS", "COMPACTION_MAX_INPUT_TOKENS"):
+        worst_case = (
+            local[name] * 1.5 + local["PROMPT_TOKEN_BUDGET"] / 3
+        )  # SmolLM2 tokens, with the memory list
+        assert worst_case < local["PROMPT_TOKEN_BUDGET"], name
+    assert (provider["CONSOLIDATION_CHUNK_TOKENS"], provider["COMPACTION_MAX_INPUT_TOKENS"]) == (
+        100_000,
+        50_000,
+    )

@@ -16,6 +16,10 @@ ANSWER_RESERVE_TOKENS = 1024  # the room a request leaves for its answer when LL
 # The local model's answers are capped by default at the room its window keeps for them: a 135M model can
 # ramble until its window is full (minutes on a CPU), and its server answers one request at a time.
 LOCAL_MODEL_MAX_OUTPUT_TOKENS = ANSWER_RESERVE_TOKENS
+# What one consolidation chunk or compaction request reads with the local model: beside its instructions and
+# the memory it lists (a third of the input budget at most), it fits the window even at 1.5 SmolLM2 tokens
+# per counted token. Another provider reads 100k / 50k.
+LOCAL_MODEL_INPUT_CHUNK_TOKENS = 2500
 
 
 def _database_uri(instance_path: str) -> str:
@@ -146,14 +150,20 @@ def load(instance_path: str) -> dict:
         "LLM_JSON_MODE": os.environ.get("LLM_JSON_MODE", "1") not in ("0", "false", "no"),
         # Spec 000: consolidation of idle group chats into memories.
         "CONSOLIDATION_IDLE_HOURS": _float("CONSOLIDATION_IDLE_HOURS", 6),
-        "CONSOLIDATION_CHUNK_TOKENS": _int("CONSOLIDATION_CHUNK_TOKENS", 100_000),
+        "CONSOLIDATION_CHUNK_TOKENS": _int(
+            "CONSOLIDATION_CHUNK_TOKENS",
+            100_000 if os.environ.get("LLM_BASE_URL") else LOCAL_MODEL_INPUT_CHUNK_TOKENS,
+        ),
         "CONSOLIDATION_CONCURRENCY": _int("CONSOLIDATION_CONCURRENCY", 4),
         # Spec 004: once a chat has more than COMPACTION_THRESHOLD messages after its last cut, a job
         # summarizes all but the newest COMPACTION_KEEP_RECENT into the chat's memory_doc.
         "COMPACTION_THRESHOLD": _int("COMPACTION_THRESHOLD", 100),
         "COMPACTION_KEEP_RECENT": _int("COMPACTION_KEEP_RECENT", 20),
         "COMPACTION_MODEL_ID": os.environ.get("COMPACTION_MODEL_ID", ""),  # empty: the chat's first agent's
-        "COMPACTION_MAX_INPUT_TOKENS": _int("COMPACTION_MAX_INPUT_TOKENS", 50_000),  # per summary request
+        "COMPACTION_MAX_INPUT_TOKENS": _int(  # per summary request
+            "COMPACTION_MAX_INPUT_TOKENS",
+            50_000 if os.environ.get("LLM_BASE_URL") else LOCAL_MODEL_INPUT_CHUNK_TOKENS,
+        ),
         "MEMORY_DOC_PROMPT_TOKENS": _int(
             "MEMORY_DOC_PROMPT_TOKENS", 2_000
         ),  # newest summary sections in a prompt
