@@ -76,6 +76,8 @@ class StreamWatcher:
 
     def _seen(self, event: str, data: str) -> None:
         kind, _, message_id = event.partition("-")
+        if kind not in ("delta", "final"):
+            return  # "message": a new message of the chat, shown to its other pages
         now = time.perf_counter()
         with self.changed:
             if kind == "delta":
