@@ -135,7 +135,7 @@ def test_the_chat_pages_say_which_part_is_down(app, client, auth, member, fake_r
     page = client.get("/chats/").text
 
     assert "The model server is not answering: replies wait until it is back." in page
-    assert "No background worker" not in page
+    assert "A worker is missing" not in page
 
 
 def test_the_banner_refreshes_itself_and_is_empty_for_visitors(app, client, auth, member):
@@ -145,4 +145,4 @@ def test_the_banner_refreshes_itself_and_is_empty_for_visitors(app, client, auth
     banner = client.get("/service-status").text
 
     assert 'hx-get="/service-status"' in banner and 'hx-trigger="every 15s"' in banner
-    assert "No background worker is running: replies wait until one is back." in banner
+    assert "A worker is missing: replies or memory upkeep wait until one is back." in banner

@@ -34,7 +34,7 @@ WORKER_SILENT_AFTER = timedelta(seconds=75)
 # What a user is told on every page while a component is down.
 PROBLEMS = {
     "redis": "The job queue (Redis) is down: new messages wait until it is back.",
-    "workers": "No background worker is running: replies wait until one is back.",
+    "workers": "A worker is missing: replies or memory upkeep wait until one is back.",
     "scheduler": "The scheduler is not running: memory upkeep is paused until it is back.",
     "llm": "The model server is not answering: replies wait until it is back.",
 }
