@@ -37,17 +37,12 @@ def recall(context: ToolContext, query: str) -> dict[str, Any]:
 
 def _memories(agent: Agent, query: str, limit: int) -> list[AgentMemory]:
     """Active memories of this agent only (expired journal included), best match first."""
-    mine = (AgentMemory.agent_id == agent.id, AgentMemory.is_active)  # the scope of active_memories
-    hits = search.ranked(AgentMemory, query, Match.ANY_WORD, *mine)
+    mine = active_memories(agent.id)
+    hits = search.ranked(AgentMemory, query, Match.ANY_WORD, mine.whereclause)
     if hits is None:
         return []
     return list(
-        db.session.scalars(
-            active_memories(agent.id)
-            .join(hits, hits.c.id == AgentMemory.id)
-            .order_by(hits.c.rank)
-            .limit(limit)
-        )
+        db.session.scalars(mine.join(hits, hits.c.id == AgentMemory.id).order_by(hits.c.rank).limit(limit))
     )
 
 
