@@ -1,20 +1,29 @@
 """An RQ worker that runs every job inside the Flask app context: `python worker.py [--burst] [--replies-only]`.
 
-It rides out a Redis outage: RQ retries its dequeue with backoff, the worker registers itself again if Redis
-lost its data, and any other Redis error that ends RQ's work loop starts a fresh worker once Redis answers.
-It serves the reply queue before the background queue, and sweeps for lost or interrupted work (webapp.jobs.queue)
-in a thread: the sweep must run exactly when Redis lost its data, so it cannot itself be a job in Redis. With
---replies-only it serves the reply queue alone: a worker in the middle of an hour-long consolidation cannot take
-a reply, so at least one such worker keeps replies answered whatever the background work.
+A worker process runs up to WORKER_THREADS jobs at once, each on a thread of its own: a reply spends its time
+waiting for the model, so one process answers many chats at the same time instead of one after another. Each
+thread is an RQ worker of its own (counted by `rq info` and /healthz). Replies are served on every thread;
+background memory work on the first alone, so a process runs its memory jobs one after another as it always
+did. With --replies-only no thread takes background work: a worker in the middle of an hour-long consolidation
+takes no reply, so at least one such worker keeps replies answered whatever the background work.
 
-Jobs run in the worker's own process, one after another, not in a work horse forked per job: a fork cost each
-job a cold start (new database and Redis connections, SQLAlchemy's statement cache and the model client's
-connection pool empty again), about half a second above the model call (bench/job_overhead.py). A job killed
-with its worker (kill -9, OOM) is found by the sweep of another worker, as its run's lock stops being renewed.
+Jobs run in the worker's own process, not in a work horse forked per job: a fork cost each job a cold start
+(new database and Redis connections, SQLAlchemy's statement cache and the model client's connection pool empty
+again), about half a second above the model call (bench/job_overhead.py). A job killed with its worker
+(kill -9, OOM) is found by the sweep of another worker, as its run's lock stops being renewed.
+
+It rides out a Redis outage: RQ retries its dequeue with backoff, a thread's worker registers itself again if
+Redis lost its data, and any other Redis error that ends RQ's work loop starts a fresh worker once Redis
+answers. The sweep for lost or interrupted work (webapp.jobs.queue) runs on a thread of its own: it must run
+exactly when Redis lost its data, so it cannot itself be a job in Redis.
+
+SIGTERM or Ctrl-C stops a worker warmly: idle threads stop within STOP_CHECK_SECONDS, busy ones once their job
+ends. A second signal stops it at once; the sweep of another worker picks up the jobs it cut.
 """
 
 import argparse
 import logging
+import multiprocessing
 import signal
 import sys
 import threading
@@ -31,6 +40,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import Queue, SimpleWorker
 from rq.executions import Execution
 from rq.job import Job
+from rq.timeouts import TimerDeathPenalty
 
 from webapp import config, jobs, prompting, tokens
 from webapp.extensions import db
@@ -40,14 +50,30 @@ from webapp.web.health import WORKER_TTL_SECONDS
 
 log = logging.getLogger("rq.worker")  # printed by the handler RQ sets up
 RECONNECT_DELAYS = [0.5, 1, 2, 5]  # seconds between attempts while Redis is unreachable, the last repeated
+STOP_CHECK_SECONDS = 2  # an idle thread waits for a job this long at a time, then looks whether to stop
 
 
 class AppWorker(SimpleWorker):
-    """Runs each job in this process (no fork), inside a fresh app context."""
+    """Runs each job in this process (no fork), on the thread that took it, inside a fresh app context."""
 
-    app = None
+    app: Flask
+    stop: threading.Event  # set by the process's signal handler: finish the job in hand, take no other
+    death_penalty_class = TimerDeathPenalty  # RQ's default time limit (SIGALRM) works in the main thread only
     max_connection_wait_time = 5.0  # RQ's dequeue backoff cap: back within seconds of Redis returning
-    stopping = False
+
+    # RQ's work loop checks _stop_requested between jobs; here it is the process's stop event, so a signal
+    # received by the main thread reaches every thread's worker, those started after a Redis outage included.
+    @property
+    def _stop_requested(self) -> bool:
+        return self.stop.is_set()
+
+    @_stop_requested.setter
+    def _stop_requested(self, value: bool) -> None:
+        if value:
+            self.stop.set()
+
+    def _install_signal_handlers(self) -> None:
+        """Signals reach the main thread alone, whose handler (install_stop_handlers) stops every worker."""
 
     def perform_job(self, job: Job, queue: Queue, execution: Execution) -> bool:
         with self.app.app_context():
@@ -56,14 +82,42 @@ class AppWorker(SimpleWorker):
             finally:
                 db.session.remove()
 
-    def request_stop(self, signum: int, frame: FrameType | None) -> None:
-        self.stopping = True
-        super().request_stop(signum, frame)
+    def dequeue_job_and_maintain_ttl(
+        self, timeout: int | None, max_idle_time: int | None = None
+    ) -> tuple[Job, Queue] | None:
+        """RQ's wait for a job, in rounds of STOP_CHECK_SECONDS: nothing else interrupts an idle thread."""
+        if timeout is None or max_idle_time is not None:  # burst mode, or a caller's own idle limit
+            return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+        while not self.stop.is_set():
+            found = super().dequeue_job_and_maintain_ttl(timeout, max_idle_time=STOP_CHECK_SECONDS)
+            if found is not None:
+                return found
+        return None
 
     def heartbeat(self, timeout: int | None = None, pipeline: Pipeline | None = None) -> None:
         if pipeline is None and not self.connection.exists(self.key):
             self.register_birth()  # Redis restarted without its data: be counted as a live worker again
         super().heartbeat(timeout, pipeline)
+
+
+def serve(queues: list[Queue], *, burst: bool, with_scheduler: bool) -> None:
+    """One thread's work: an RQ work loop on `queues`, started afresh after Redis was lost, until stopped."""
+    with AppWorker.app.app_context():
+        while True:
+            worker = AppWorker(queues, connection=redis_connection(), worker_ttl=WORKER_TTL_SECONDS)
+            try:
+                worker.work(burst=burst, with_scheduler=with_scheduler)
+            except (RedisConnectionError, RedisTimeoutError) as e:
+                log.error("Lost Redis while stopping the work loop: %s", e)
+            if burst or AppWorker.stop.is_set():
+                return
+            wait_until_reachable(redis_connection())
+            log.warning("Redis answers again; starting a fresh work loop")
+
+
+def thread_queues(threads: int, replies_only: bool) -> list[list[Queue]]:
+    """The queues of each of a process's threads: the first serves background work too, unless replies_only."""
+    return [worker_queues(replies_only=replies_only or n > 0) for n in range(threads)]
 
 
 def wait_until_reachable(connection: Redis) -> None:
@@ -77,6 +131,22 @@ def wait_until_reachable(connection: Redis) -> None:
             if attempt == 0:
                 log.error("Redis is unreachable (%s); retrying until it answers", e)
             time.sleep(delay)
+
+
+def install_stop_handlers(stop: threading.Event) -> None:
+    """SIGTERM or SIGINT: a warm stop (jobs in hand finish); the second one: exit now."""
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        if stop.is_set():
+            log.warning("Stopping now; the jobs in hand are cut and will be picked up again")
+            for child in multiprocessing.active_children():  # RQ's scheduler, which exit would wait for
+                child.terminate()
+            raise SystemExit(1)
+        log.info("Stopping once the jobs in hand are done (signal again to stop now)")
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
 
 
 def preload(app: Flask) -> None:
@@ -106,26 +176,29 @@ def main(argv: list[str]) -> None:
         app = create_app()
     except config.ConfigError as error:
         raise SystemExit(f"Cairn cannot start: {error}") from None
-    AppWorker.app = app
+    AppWorker.app, AppWorker.stop = app, threading.Event()
     preload(app)  # the job modules among it: the sweep queues any job type again from its job_runs row
-    stop = threading.Event()
-    threading.Thread(target=sweep_forever, args=(app, stop), name="sweep", daemon=True).start()
+    install_stop_handlers(AppWorker.stop)
+    threading.Thread(target=sweep_forever, args=(app, AppWorker.stop), name="sweep", daemon=True).start()
     with app.app_context():
         wait_for_redis()
-        while True:
-            queues = worker_queues(replies_only=args.replies_only)
-            worker = AppWorker(queues, connection=redis_connection(), worker_ttl=WORKER_TTL_SECONDS)
-            try:
-                worker.work(burst=args.burst, with_scheduler=True)
-            except (RedisConnectionError, RedisTimeoutError) as e:
-                log.error("Lost Redis while stopping the work loop: %s", e)
-            if args.burst or worker.stopping:
-                stop.set()
-                return
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # RQ's handlers would ask the lost Redis
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            wait_until_reachable(redis_connection())
-            log.warning("Redis answers again; starting a fresh work loop")
+        every_queues = thread_queues(app.config["WORKER_THREADS"], args.replies_only)
+    threads = [
+        threading.Thread(
+            target=serve,
+            args=(queues,),
+            kwargs={"burst": args.burst, "with_scheduler": n == 0},  # RQ's scheduler: retries after a wait
+            name=f"jobs-{n}",
+            daemon=True,  # a second signal exits without waiting for them
+        )
+        for n, queues in enumerate(every_queues)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        while thread.is_alive():
+            thread.join(1)  # in short waits: the signal handler runs on this thread between them
+    AppWorker.stop.set()  # burst mode: every thread is done; stop the sweep
 
 
 if __name__ == "__main__":

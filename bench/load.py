@@ -1,13 +1,14 @@
 """Chat under load, as README's Production section runs it: gunicorn (2 workers x 8 threads) for pages, gunicorn
-(gevent) for live streams, 2 RQ workers, PostgreSQL, redis-server, and a model that waits 300 ms before its
-first token.
+(gevent) for live streams, 2 RQ workers (each running WORKER_THREADS jobs at once), PostgreSQL, redis-server, and
+a model that waits 300 ms before its first token.
 
-    .venv/bin/python -m bench.load [USERS ...] [--seconds 60]      # default: 5 and 50 users
+    .venv/bin/python -m bench.load [USERS ...] [--seconds 60] [--threads 4]   # default: 5 and 50 users
 
 Each simulated user holds its chat's live stream open, sends a message, waits for the reply to arrive on the
 stream, loads the chat page and the chat list, thinks 1-3 s, and again. Printed for each number of users:
 post-to-first-token and post-to-reply p50/p95, page p95, errors, replies per second against the ceiling of
-workers / model latency, the reply job's own time above its model calls, and after the queue drains, the
+workers / model latency (what workers answering one reply at a time could reach) and against the users' own
+pace, the reply job's own time above its model calls, and after the queue drains, the
 messages lost (acknowledged but not stored, or never answered), duplicated and stuck.
 """
 
@@ -28,6 +29,7 @@ from webapp.models import JobRun, LlmCall, Message
 
 MODEL_LATENCY = 0.3
 RQ_WORKERS = 2
+MEAN_THINK_SECONDS = 2  # each user waits 1-3 s between a reply and its next message
 REPLY_TIMEOUT = 180
 
 
@@ -207,7 +209,7 @@ def drain(seconds: float = 120) -> None:
         time.sleep(1)
 
 
-def run(stack, users: int, seconds: float) -> None:
+def run(stack, users: int, seconds: float, threads: int) -> None:
     since_message = db.session.scalar(sa.select(sa.func.coalesce(sa.func.max(Message.id), 0)))
     since_run = db.session.scalar(sa.select(sa.func.coalesce(sa.func.max(JobRun.id), 0)))
     accounts = seed_users(users, f"load{users}u")
@@ -224,7 +226,7 @@ def run(stack, users: int, seconds: float) -> None:
         thread.join(seconds + REPLY_TIMEOUT + 30)
     elapsed = time.perf_counter() - started
     drain()
-    _print(users, figures, elapsed, audit(figures.sent, since_message), job_overhead_ms(since_run))
+    _print(users, threads, figures, elapsed, audit(figures.sent, since_message), job_overhead_ms(since_run))
     print(
         "  summary runs {runs}, of which found the summary fresh {fresh}; summary model calls {calls}".format(
             **summary_runs(since_run)
@@ -237,10 +239,12 @@ def _ms(values: list[float], pct: float) -> str:
 
 
 def _print(
-    users: int, figures: Figures, elapsed: float, counts: dict[str, int], overhead: list[float]
+    users: int, threads: int, figures: Figures, elapsed: float, counts: dict[str, int], overhead: list[float]
 ) -> None:
     ceiling = RQ_WORKERS / MODEL_LATENCY
     throughput = len(figures.reply) / elapsed
+    per_visit = MEAN_THINK_SECONDS + percentile(figures.reply, 50) + 2 * percentile(figures.pages, 50)
+    users_pace = users / per_visit  # what the users would send if every reply came at its median time
     print(
         f"\n{users} users, {elapsed:.0f} s, {len(figures.sent)} messages acknowledged, {len(figures.reply)} replies seen"
     )
@@ -255,7 +259,8 @@ def _print(
         f"  reply job overhead above its model calls  p50 {percentile(overhead, 50):,.0f} ms  p95 {percentile(overhead, 95):,.0f} ms"
     )
     print(
-        f"  replies/s {throughput:.2f} (ceiling workers/latency {ceiling:.2f}; users limit it below that when few)"
+        f"  replies/s {throughput:.2f} = {throughput / ceiling:.0%} of workers/latency {ceiling:.2f}"
+        f" ({RQ_WORKERS} workers of {threads} threads; the users' own pace at these reply times: {users_pace:.2f}/s)"
     )
     print(f"  errors {sum(figures.errors.values())} {dict(figures.errors) or ''}")
     print(
@@ -267,11 +272,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("users", nargs="*", type=int, default=[5, 50])
     parser.add_argument("--seconds", type=float, default=60)
+    parser.add_argument(
+        "--threads", type=int, default=4, help="WORKER_THREADS: jobs each worker runs at once"
+    )
     args = parser.parse_args()
-    extra_env = {"RATE_LIMIT_REPLIES": "100000 per minute", "STREAM_MAX_PER_USER": "4"}
+    extra_env = {
+        "RATE_LIMIT_REPLIES": "100000 per minute",
+        "STREAM_MAX_PER_USER": "4",
+        "WORKER_THREADS": str(args.threads),
+    }
     with running_stack(rq_workers=RQ_WORKERS, model_latency=MODEL_LATENCY, extra_env=extra_env) as stack:
         for users in args.users:
-            run(stack, users, args.seconds)
+            run(stack, users, args.seconds, args.threads)
 
 
 if __name__ == "__main__":

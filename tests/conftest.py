@@ -1,7 +1,9 @@
 """Fixtures: an app per test (SQLite, or PostgreSQL with TEST_DATABASE_URL), fakeredis, a fake model server."""
 
+import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -226,6 +228,36 @@ def summaries_on_their_own_model(monkeypatch):
     """Summary jobs follow replies; on the agent's own model they would take an answer scripted for a reply
     (fake_llm.reply(..., model=...)). Use before worker_process, which reads the environment."""
     monkeypatch.setenv("SUMMARY_MODEL_ID", "summary-model")
+
+
+@pytest.fixture
+def start_worker(live_app, summaries_on_their_own_model):
+    """Starts `python worker.py [flags]` processes running `threads` jobs at once, each in a session of its own,
+    and killed when the test ends. Returns once every thread of the new worker is registered with Redis."""
+    root = Path(__file__).resolve().parent.parent
+    started: list[subprocess.Popen] = []
+
+    def start(*flags: str, threads: int = 1) -> subprocess.Popen:
+        count = Worker.count(connection=live_app.extensions["redis"])
+        worker = subprocess.Popen(
+            [sys.executable, "worker.py", *flags],
+            cwd=root,
+            env={**worker_env(live_app), "WORKER_THREADS": str(threads)},
+            start_new_session=True,
+        )
+        started.append(worker)
+        wait_for(
+            lambda: Worker.count(connection=live_app.extensions["redis"]) >= count + threads,
+            60,
+            "the worker to start",
+        )
+        return worker
+
+    yield start
+    for worker in started:  # one may be in the middle of a slow model call: no warm shutdown
+        with contextlib.suppress(ProcessLookupError):  # its session: RQ's scheduler process among it
+            os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait(10)
 
 
 @pytest.fixture

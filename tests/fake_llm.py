@@ -39,8 +39,9 @@ class FakeLLM:
         self.default_text = "ok"
         self.delay = 0.0  # seconds added to every answer
         self.chunk_delay = 0.0  # seconds between streamed chunks, to watch a reply arrive
-        self.in_flight = 0
+        self.in_flight = 0  # requests of this test waiting out their delay (reset forgets older ones)
         self.max_in_flight = 0  # the most requests answered at the same time
+        self._generation = 0  # bumped by reset: a request from an earlier test still sleeping is not counted
         self._script: deque[Scripted] = deque()
         self._by_model: dict[str, deque[Scripted]] = {}
         self._lock = threading.Lock()
@@ -89,7 +90,9 @@ class FakeLLM:
         self.default_text = "ok"
         self.delay = 0.0
         self.chunk_delay = 0.0
-        self.max_in_flight = 0
+        with self._lock:
+            self.in_flight = self.max_in_flight = 0
+            self._generation += 1
 
     def close(self) -> None:
         self._server.shutdown()
@@ -102,14 +105,16 @@ class FakeLLM:
                     return queue.popleft()
             return Scripted(text=self.default_text)
 
-    def _started(self) -> None:
+    def _started(self) -> int:
         with self._lock:
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            return self._generation
 
-    def _finished(self) -> None:
+    def _finished(self, generation: int) -> None:
         with self._lock:
-            self.in_flight -= 1
+            if generation == self._generation:
+                self.in_flight -= 1
 
     def _record(self, body: dict[str, Any]) -> None:
         with self._lock:
@@ -144,11 +149,11 @@ def _handler_for(fake: FakeLLM) -> type[BaseHTTPRequestHandler]:
             body = json.loads(self.rfile.read(length) or b"{}")
             fake._record(body)
             answer = fake._next(body.get("model", ""))
-            fake._started()
+            generation = fake._started()
             try:
                 time.sleep(fake.delay + answer.delay)
             finally:
-                fake._finished()
+                fake._finished(generation)
             if answer.status != 200:
                 self._json(answer.status, {"error": {"message": answer.error, "type": "fake_error"}})
             elif answer.fault == "html":

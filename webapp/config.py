@@ -86,14 +86,21 @@ def _prices() -> dict[str, dict[str, float]]:
         raise ConfigError(f"MODEL_PRICES must be JSON ({error}).") from None
 
 
-def engine_options(database_uri: str) -> dict:
+def engine_options(settings: Mapping[str, Any]) -> dict:
     """SQLAlchemy's engine options for the database the app ends up with (set by create_app).
+
+    The pool holds what a worker process may use at once: a connection on each of its threads, and one per
+    consolidation chunk in flight on its background thread.
 
     Under gevent (the web process of `make run`, any stream service), SQLite waits for another writer's
     lock by sleeping inside SQLite, which holds up every greenlet of the process, the lock's holder among them
     when it is one: there, greenlets take turns on one connection (a request holds it until it ends; a
     waiting stream holds none)."""
-    options: dict = {"pool_pre_ping": True}
+    database_uri = settings["SQLALCHEMY_DATABASE_URI"]
+    options: dict = {
+        "pool_pre_ping": True,
+        "pool_size": settings["WORKER_THREADS"] + settings["CONSOLIDATION_CONCURRENCY"] + 1,
+    }
     if database_uri.startswith("sqlite") and _under_gevent():
         options.update(pool_size=1, max_overflow=0)
     if database_uri.startswith("postgresql"):
@@ -155,6 +162,9 @@ def load(instance_path: str) -> dict:
             100_000 if os.environ.get("LLM_BASE_URL") else LOCAL_MODEL_INPUT_CHUNK_TOKENS,
         ),
         "CONSOLIDATION_CONCURRENCY": _int("CONSOLIDATION_CONCURRENCY", 4),
+        # The jobs a worker process runs at once, each on a thread (replies on all, background work on one).
+        # The local model answers one request at a time, so more would only queue up there.
+        "WORKER_THREADS": _int("WORKER_THREADS", 4 if os.environ.get("LLM_BASE_URL") else 1),
         # Spec 004: once a chat has more than COMPACTION_THRESHOLD messages after its last cut, a job
         # summarizes all but the newest COMPACTION_KEEP_RECENT into the chat's memory_doc.
         "COMPACTION_THRESHOLD": _int("COMPACTION_THRESHOLD", 100),
@@ -217,6 +227,7 @@ BOUNDS: dict[str, tuple[float | None, float | None]] = {
     "CONSOLIDATION_IDLE_HOURS": (0, None),
     "CONSOLIDATION_CHUNK_TOKENS": (1, None),
     "CONSOLIDATION_CONCURRENCY": (1, None),
+    "WORKER_THREADS": (1, 64),
     "COMPACTION_THRESHOLD": (1, None),
     "COMPACTION_KEEP_RECENT": (0, None),
     "COMPACTION_MAX_INPUT_TOKENS": (1, None),

@@ -26,7 +26,7 @@ def create_app(test_config: dict | None = None) -> Flask:
     if test_config:
         app.config.from_mapping(test_config)
     app.config.setdefault(
-        "SQLALCHEMY_ENGINE_OPTIONS", config.engine_options(app.config["SQLALCHEMY_DATABASE_URI"])
+        "SQLALCHEMY_ENGINE_OPTIONS", config.engine_options(app.config)
     )
     config.validate(app.config)
 
