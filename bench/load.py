@@ -110,7 +110,11 @@ def simulate_user(n: int, email: str, chat_id: int, stack, figures: Figures, sto
         sequence += 1
         content = f"user {n} message {sequence}"
         started = time.perf_counter()
-        response = pages.post(f"/chats/{chat_id}/messages", data={"content": content})
+        try:
+            response = pages.post(f"/chats/{chat_id}/messages", data={"content": content})
+        except httpx.HTTPError as error:  # e.g. a kept-alive connection the server closed meanwhile
+            figures.error(f"post {type(error).__name__}")
+            continue
         if response.status_code != 200:
             figures.error(f"post HTTP {response.status_code}")
             continue
@@ -215,15 +219,15 @@ def run(stack, users: int, seconds: float, threads: int) -> None:
     accounts = seed_users(users, f"load{users}u")
     figures = Figures()
     stop_at = time.perf_counter() + seconds
-    threads = [
+    simulated = [
         threading.Thread(target=simulate_user, args=(n, email, chat_id, stack, figures, stop_at), daemon=True)
         for n, (email, chat_id) in enumerate(accounts)
     ]
     started = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(seconds + REPLY_TIMEOUT + 30)
+    for user in simulated:
+        user.start()
+    for user in simulated:
+        user.join(seconds + REPLY_TIMEOUT + 30)
     elapsed = time.perf_counter() - started
     drain()
     _print(users, threads, figures, elapsed, audit(figures.sent, since_message), job_overhead_ms(since_run))

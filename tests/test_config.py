@@ -89,6 +89,7 @@ def test_variables_switch_to_external_services(bare_env, tmp_path, monkeypatch):
         ({"JOB_RETRY_SECONDS": ""}, "JOB_RETRY_SECONDS must be whole seconds separated by commas"),
         ({"LLM_MAX_OUTPUT_TOKENS": "lots"}, "LLM_MAX_OUTPUT_TOKENS must be a whole number, not 'lots'"),
         ({"LLM_MAX_OUTPUT_TOKENS": "0"}, "LLM_MAX_OUTPUT_TOKENS is 0; it must be at least 1"),
+        ({"WORKER_THREADS": "0"}, "WORKER_THREADS is 0; it must be between 1 and 64"),
     ],
 )
 def test_a_bad_setting_stops_start_up_naming_the_variable(bare_env, tmp_path, monkeypatch, env, message):
@@ -198,3 +199,17 @@ def test_what_a_memory_job_reads_at_once_fits_the_local_models_window(bare_env, 
         100_000,
         50_000,
     )
+
+
+def test_a_worker_runs_several_jobs_at_once_unless_the_local_model_answers_them(
+    bare_env, tmp_path, monkeypatch
+):
+    """The local model answers one request at a time: more threads would only wait there while their time
+    limits run. A provider answers many; a worker's database pool holds what all its threads may use."""
+    local = create_app({"SECRET_KEY": "x"}).config
+    monkeypatch.setenv("LLM_BASE_URL", "https://api.example.com/v1")
+    provider = create_app({"SECRET_KEY": "x"}).config
+
+    assert (local["WORKER_THREADS"], provider["WORKER_THREADS"]) == (1, 4)
+    pool = provider["SQLALCHEMY_ENGINE_OPTIONS"]["pool_size"]
+    assert pool >= provider["WORKER_THREADS"] + provider["CONSOLIDATION_CONCURRENCY"]
