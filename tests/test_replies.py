@@ -11,7 +11,7 @@ from rq.job import JobStatus
 from tests import factories
 from webapp.extensions import db
 from webapp.jobs.queue import rq_queue, worker_queues
-from webapp.jobs.replies import ReplyFailed, request_replies, respond
+from webapp.jobs.replies import DELTA_INTERVAL_SECONDS, ReplyFailed, request_replies, respond
 from webapp.models import AgentMemory, AuditLog, JobRun, LlmCall, Message
 
 
@@ -276,6 +276,7 @@ def test_streamed_text_is_published_for_the_chat_page(app, fake_llm, chat, ada, 
     pubsub.subscribe(events.channel(chat.id))
     [reply] = _pending(chat, ada)
     fake_llm.reply("Hello there friend")
+    fake_llm.chunk_delay = DELTA_INTERVAL_SECONDS * 1.5  # a word at a time, slower than the page is updated
 
     respond([reply.id])
 
@@ -289,6 +290,28 @@ def test_streamed_text_is_published_for_the_chat_page(app, fake_llm, chat, ada, 
         ("final", ""),
     ]
     assert {e["message_id"] for e in published} == {reply.id}
+
+
+def test_text_streamed_faster_than_the_page_is_updated_goes_in_fewer_events(
+    app, fake_llm, chat, ada, fake_redis
+):
+    from webapp import events
+
+    pubsub = fake_redis.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(events.channel(chat.id))
+    [reply] = _pending(chat, ada)
+    text = " ".join(f"word{n}" for n in range(40))
+    fake_llm.reply(text)
+    fake_llm.chunk_delay = DELTA_INTERVAL_SECONDS / 8  # about 80 tokens a second
+
+    respond([reply.id])
+
+    polled = (pubsub.get_message(timeout=0.01) for _ in range(100))
+    deltas = [e["text"] for m in polled if m is not None and (e := json.loads(m["data"]))["kind"] == "delta"]
+    assert deltas[0] == "word0"  # the first token at once
+    assert 2 <= len(deltas) <= 40 / 3  # then a few tokens per event
+    assert text.startswith("".join(deltas))  # in order, none lost or repeated
+    assert _fresh(reply).content == text  # the final event shows the whole of it
 
 
 def test_a_reply_another_worker_is_generating_is_not_generated_twice(app, fake_llm, chat, ada, fake_redis):
@@ -330,6 +353,7 @@ def test_stop_keeps_what_the_reply_wrote_so_far(app, fake_llm, chat, ada, fake_r
 
     [reply] = _pending(chat, ada)
     fake_llm.reply("One two three four")
+    fake_llm.chunk_delay = DELTA_INTERVAL_SECONDS * 1.5  # each word sent to the page as it comes
     relay = events.publish
 
     def publish_then_stop(chat_id, kind, message_id, text=""):

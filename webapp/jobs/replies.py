@@ -1,6 +1,7 @@
 """Agent replies: a tool loop against the agent's own model, streamed to the chat page as it is generated."""
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -37,6 +38,10 @@ from webapp.tools import steps as tool_steps
 log = logging.getLogger(__name__)
 WAITING = ("pending", "streaming")
 STOP_FLAG_SECONDS = 1_800  # a Stop outlives any reply it could stop
+# Streamed text goes to the chat page at most this often: a model streaming token by token would otherwise send
+# an event per token, and every open page re-renders the reply's markdown for each. The first token goes at once;
+# text held back is sent with the next token past the interval, or shown by the reply's final event.
+DELTA_INTERVAL_SECONDS = 0.1
 
 
 class ReplyFailed(Exception):
@@ -279,12 +284,22 @@ def _tool_loop(message: Message, messages: list[dict[str, Any]]) -> tuple[str, i
 
 
 def _relay(message: Message) -> Callable[[str, Transcript], None]:
-    """Publish each streamed delta to the chat page; on Stop, raise with the text written so far."""
+    """Publish the streamed text to the chat page, at most every DELTA_INTERVAL_SECONDS, and look for a Stop as
+    often; on Stop, raise with the text written so far."""
+    unsent: list[str] = []
+    sent_at = -DELTA_INTERVAL_SECONDS
 
     def on_text(delta: str, transcript: Transcript) -> None:
+        nonlocal sent_at
+        unsent.append(delta)
+        now = time.monotonic()
+        if now - sent_at < DELTA_INTERVAL_SECONDS:
+            return
         if stop_requested(message.id):
             raise ReplyStopped(transcript.text)
-        events.publish(message.chat_id, "delta", message.id, delta)
+        events.publish(message.chat_id, "delta", message.id, "".join(unsent))
+        unsent.clear()
+        sent_at = now
 
     return on_text
 
