@@ -26,7 +26,9 @@ from webapp.models import JobRun
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parent.parent
 # The queues each worker of `make run` serves: one takes replies first, then background work; one replies only.
-WORKERS = [["cairn-replies"], ["cairn-replies", "cairn"]]
+# The RQ workers of `make run` with a provider: a general and a replies-only process, each of WORKER_THREADS (4)
+# threads, of which one alone (the general process's first) takes background work.
+WORKERS = [["cairn-replies"]] * 7 + [["cairn-replies", "cairn"]]
 
 
 def _run_burst_worker(app) -> None:
