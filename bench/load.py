@@ -184,6 +184,20 @@ def job_overhead_ms(since_run_id: int) -> list[float]:
     return [(r.finished_at - r.started_at).total_seconds() * 1000 - (model.get(r.id) or 0) for r in runs]
 
 
+def queue_wait_ms(since_run_id: int) -> list[float]:
+    """Each reply's wait from its post (the reply placeholder's creation) to the start of its job's run."""
+    runs = db.session.execute(
+        sa.select(JobRun.args, JobRun.started_at).where(
+            JobRun.id > since_run_id, JobRun.job_type == "reply", JobRun.status == "done"
+        )
+    ).all()
+    first_ids = [r.args[0][0] for r in runs]
+    posted = dict(
+        db.session.execute(sa.select(Message.id, Message.created_at).where(Message.id.in_(first_ids))).all()
+    )
+    return [(r.started_at - posted[r.args[0][0]]).total_seconds() * 1000 for r in runs]
+
+
 def summary_runs(since_run_id: int) -> dict[str, int]:
     """Summary runs of this run: all, the ones that found the summary fresh (a duplicate queued while another
     was waiting would), and the model calls they made."""
@@ -231,6 +245,10 @@ def run(stack, users: int, seconds: float, threads: int) -> None:
     elapsed = time.perf_counter() - started
     drain()
     _print(users, threads, figures, elapsed, audit(figures.sent, since_message), job_overhead_ms(since_run))
+    waits = queue_wait_ms(since_run)
+    print(
+        f"  post-to-job-start (queue wait)  p50 {percentile(waits, 50):,.0f} ms  p95 {percentile(waits, 95):,.0f} ms"
+    )
     print(
         "  summary runs {runs}, of which found the summary fresh {fresh}; summary model calls {calls}".format(
             **summary_runs(since_run)

@@ -128,6 +128,10 @@ def _gunicorn(env: dict[str, str], port: int, *options: str) -> subprocess.Popen
     argv = [
         str(BIN / "gunicorn"),
         *options,
+        # The simulated users think up to 3 s between requests; at gunicorn's default of 2 s it closes kept-alive
+        # connections just as a user reuses one (a browser sends such a request again; httpx does not).
+        "--keep-alive",
+        "10",
         "--bind",
         f"127.0.0.1:{port}",
         "--log-level",
