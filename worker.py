@@ -17,8 +17,9 @@ Redis lost its data, and any other Redis error that ends RQ's work loop starts a
 answers. The sweep for lost or interrupted work (webapp.jobs.queue) runs on a thread of its own: it must run
 exactly when Redis lost its data, so it cannot itself be a job in Redis.
 
-SIGTERM or Ctrl-C stops a worker warmly: idle threads stop within STOP_CHECK_SECONDS, busy ones once their job
-ends. A second signal stops it at once; the sweep of another worker picks up the jobs it cut.
+SIGTERM or Ctrl-C stops a worker warmly: idle threads stop within STOP_CHECK_SECONDS (during a Redis outage, the
+worker leaves at once if no job is in hand), busy ones once their job ends. A second signal stops it at once;
+the sweep of another worker picks up the jobs it cut.
 """
 
 import argparse
@@ -53,6 +54,25 @@ RECONNECT_DELAYS = [0.5, 1, 2, 5]  # seconds between attempts while Redis is unr
 STOP_CHECK_SECONDS = 2  # an idle thread waits for a job this long at a time, then looks whether to stop
 
 
+class JobsInHand:
+    """How many of the process's threads are running a job (`with jobs_in_hand:` around each)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> None:
+        with self._lock:
+            self.count += 1
+
+    def __exit__(self, *exc_info: object) -> None:
+        with self._lock:
+            self.count -= 1
+
+
+jobs_in_hand = JobsInHand()
+
+
 class AppWorker(SimpleWorker):
     """Runs each job in this process (no fork), on the thread that took it, inside a fresh app context."""
 
@@ -76,7 +96,7 @@ class AppWorker(SimpleWorker):
         """Signals reach the main thread alone, whose handler (install_stop_handlers) stops every worker."""
 
     def perform_job(self, job: Job, queue: Queue, execution: Execution) -> bool:
-        with self.app.app_context():
+        with self.app.app_context(), jobs_in_hand:
             try:
                 return super().perform_job(job, queue, execution)
             finally:
@@ -109,9 +129,8 @@ def serve(queues: list[Queue], *, burst: bool, with_scheduler: bool) -> None:
                 worker.work(burst=burst, with_scheduler=with_scheduler)
             except (RedisConnectionError, RedisTimeoutError) as e:
                 log.error("Lost Redis while stopping the work loop: %s", e)
-            if burst or AppWorker.stop.is_set():
+            if burst or AppWorker.stop.is_set() or not wait_until_reachable(redis_connection()):
                 return
-            wait_until_reachable(redis_connection())
             log.warning("Redis answers again; starting a fresh work loop")
 
 
@@ -120,17 +139,42 @@ def thread_queues(threads: int, replies_only: bool) -> list[list[Queue]]:
     return [worker_queues(replies_only=replies_only or n > 0) for n in range(threads)]
 
 
-def wait_until_reachable(connection: Redis) -> None:
-    """Block until Redis answers, retrying with backoff for as long as it takes."""
+def wait_until_reachable(connection: Redis) -> bool:
+    """Block until Redis answers (True), retrying with backoff for as long as it takes, or until the worker is
+    asked to stop (False)."""
     for attempt in range(sys.maxsize):
         try:
             connection.ping()
-            return
+            return True
         except (RedisConnectionError, RedisTimeoutError, OSError) as e:
             delay = RECONNECT_DELAYS[min(attempt, len(RECONNECT_DELAYS) - 1)]
             if attempt == 0:
                 log.error("Redis is unreachable (%s); retrying until it answers", e)
-            time.sleep(delay)
+            if AppWorker.stop.wait(delay):
+                return False
+    return False
+
+
+def wait_for_threads(threads: list[threading.Thread]) -> None:
+    """Until every thread has left its work loop, or, once asked to stop with no job in hand, STOP_CHECK_SECONDS
+    more: a thread RQ keeps retrying a lost Redis has nothing to finish. In short waits: the signal handler runs
+    on this thread between them."""
+    idle_since = None
+    while any(thread.is_alive() for thread in threads):
+        if not AppWorker.stop.is_set() or jobs_in_hand.count:
+            idle_since = None
+        elif idle_since is None:
+            idle_since = time.monotonic()
+        elif time.monotonic() - idle_since > STOP_CHECK_SECONDS + 1:
+            log.warning("Leaving without the threads still waiting for Redis; no job was in hand")
+            return
+        time.sleep(0.2)
+
+
+def stop_children() -> None:
+    """Stop RQ's scheduler process, which exit would otherwise wait for, if its thread did not stop it."""
+    for child in multiprocessing.active_children():
+        child.terminate()
 
 
 def install_stop_handlers(stop: threading.Event) -> None:
@@ -139,8 +183,7 @@ def install_stop_handlers(stop: threading.Event) -> None:
     def on_signal(signum: int, frame: FrameType | None) -> None:
         if stop.is_set():
             log.warning("Stopping now; the jobs in hand are cut and will be picked up again")
-            for child in multiprocessing.active_children():  # RQ's scheduler, which exit would wait for
-                child.terminate()
+            stop_children()
             raise SystemExit(1)
         log.info("Stopping once the jobs in hand are done (signal again to stop now)")
         stop.set()
@@ -195,10 +238,9 @@ def main(argv: list[str]) -> None:
     ]
     for thread in threads:
         thread.start()
-    for thread in threads:
-        while thread.is_alive():
-            thread.join(1)  # in short waits: the signal handler runs on this thread between them
+    wait_for_threads(threads)
     AppWorker.stop.set()  # burst mode: every thread is done; stop the sweep
+    stop_children()
 
 
 if __name__ == "__main__":

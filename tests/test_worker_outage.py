@@ -1,5 +1,6 @@
 """A real worker rides out a Redis outage: it reconnects when Redis is back and runs the next queued job."""
 
+import signal
 import subprocess
 import sys
 import time
@@ -85,3 +86,24 @@ def test_a_worker_rides_out_a_redis_outage_and_then_runs_a_queued_job(live_app, 
 def _runs_done() -> int:
     db.session.expire_all()
     return db.session.scalar(sa.select(sa.func.count()).select_from(JobRun).where(JobRun.status == "done"))
+
+
+def test_a_worker_asked_to_stop_during_a_redis_outage_leaves_promptly(live_app, redis_process):
+    """With no job in hand there is nothing to finish: a supervisor's stop during an outage must not wait for
+    Redis (`make run` kills what has not stopped after 4 s)."""
+    worker = subprocess.Popen(
+        [sys.executable, "worker.py"], cwd=ROOT, env={**worker_env(live_app), "WORKER_THREADS": "3"}
+    )
+    try:
+        wait_for(_live_workers, seconds=120, what="the worker to register")
+        redis_process.kill()
+        time.sleep(1)  # the threads find Redis gone
+
+        worker.send_signal(signal.SIGTERM)
+
+        assert worker.wait(10) == 0
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait(10)
+        redis_process.start()  # for the fixture's teardown

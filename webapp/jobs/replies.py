@@ -287,7 +287,7 @@ def _relay(message: Message) -> Callable[[str, Transcript], None]:
     """Publish the streamed text to the chat page, at most every DELTA_INTERVAL_SECONDS, and look for a Stop as
     often; on Stop, raise with the text written so far."""
     unsent: list[str] = []
-    sent_at = -DELTA_INTERVAL_SECONDS
+    sent_at = float("-inf")
 
     def on_text(delta: str, transcript: Transcript) -> None:
         nonlocal sent_at
