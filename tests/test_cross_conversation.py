@@ -135,7 +135,8 @@ def test_the_borrowed_block_is_read_without_being_consumed(admin, here, ada):
     }
     factories.summary(here, ada, "s", borrowed_context_json=staged)
 
-    first, second = build_prompt(here, ada), build_prompt(here, ada)
+    with time_machine.travel(utcnow(), tick=False):  # both prompts in one minute: they show the time
+        first, second = build_prompt(here, ada), build_prompt(here, ada)
 
     context = first.messages[-1]["content"]
     assert (
