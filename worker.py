@@ -156,16 +156,16 @@ def wait_until_reachable(connection: Redis) -> bool:
 
 
 def wait_for_threads(threads: list[threading.Thread]) -> None:
-    """Until every thread has left its work loop, or, once asked to stop with no job in hand, STOP_CHECK_SECONDS
-    more: a thread RQ keeps retrying a lost Redis has nothing to finish. In short waits: the signal handler runs
-    on this thread between them."""
+    """Until every thread has left its work loop, or, once asked to stop with no job in hand, a few seconds more
+    (idle threads leave within STOP_CHECK_SECONDS): a thread RQ keeps retrying a lost Redis has nothing to
+    finish. In short waits: the signal handler runs on this thread between them."""
     idle_since = None
     while any(thread.is_alive() for thread in threads):
         if not AppWorker.stop.is_set() or jobs_in_hand.count:
             idle_since = None
         elif idle_since is None:
             idle_since = time.monotonic()
-        elif time.monotonic() - idle_since > STOP_CHECK_SECONDS + 1:
+        elif time.monotonic() - idle_since > 2 * STOP_CHECK_SECONDS + 1:  # theirs, and a margin
             log.warning("Leaving without the threads still waiting for Redis; no job was in hand")
             return
         time.sleep(0.2)
