@@ -42,42 +42,6 @@ def _statuses(runs: list[JobRun]) -> list[str]:
     return sorted(db.session.get(JobRun, run.id).status for run in runs)
 
 
-def test_a_reply_is_answered_while_the_general_worker_is_busy_consolidating(live_app, start_worker, fake_llm):
-    admin = factories.user(factories.account())
-    consolidations = []
-    for name in ("Ada", "Basil"):
-        agent, chat = _stale_chat(admin, name)
-        memory = json.dumps({"journal": [f"{name}: tulips in March"], "core": []})
-        fake_llm.reply(memory, model=agent.model_id, delay=SLOW_MODEL_SECONDS)
-        consolidations.append(enqueue(consolidate_chat, chat.id))
-    db.session.commit()
-    start_worker()  # one thread: serves replies, then background work
-    start_worker("--replies-only")
-    wait_for(lambda: len(fake_llm.requests) == 1, 60, "a consolidation to reach the model")
-    assert _statuses(consolidations) == ["queued", "running"]  # only the general worker takes them
-
-    cleo = factories.agent(admin.account, "Cleo")
-    chat = factories.chat(admin.account, [cleo])
-    fake_llm.reply("The tulips go in in March.", model=cleo.model_id)
-    client = live_app.test_client()
-    client.post("/login", data={"email": admin.email, "password": factories.PASSWORD})
-    assert (
-        client.post(f"/chats/{chat.id}/messages", data={"content": "When do the tulips go in?"}).status_code
-        == 200
-    )
-    [reply] = db.session.scalars(
-        sa.select(Message).where(Message.chat_id == chat.id, Message.role == "assistant")
-    )
-
-    def answered() -> bool:
-        db.session.expire_all()
-        return db.session.get(Message, reply.id).status == "done"
-
-    wait_for(answered, 30, "the reply")  # far sooner than the consolidation's model answers
-    assert db.session.get(Message, reply.id).content == "The tulips go in in March."
-    assert _statuses(consolidations) == ["queued", "running"]  # the background work still waits
-
-
 def _signed_in(live_app, user):
     client = live_app.test_client()
     client.post("/login", data={"email": user.email, "password": factories.PASSWORD})
@@ -98,6 +62,40 @@ def _fresh(message: Message) -> Message:
     return db.session.get(Message, message.id)
 
 
+@pytest.mark.parametrize(
+    "workers",
+    [
+        pytest.param([((), 1), (("--replies-only",), 1)], id="a general and a replies-only worker"),
+        pytest.param([((), 3)], id="one worker of three threads"),
+    ],
+)
+def test_a_reply_is_answered_while_background_work_holds_a_worker(live_app, start_worker, fake_llm, workers):
+    admin = factories.user(factories.account())
+    consolidations = []
+    for name in ("Ada", "Basil"):
+        agent, chat = _stale_chat(admin, name)
+        memory = json.dumps({"journal": [f"{name}: tulips in March"], "core": []})
+        fake_llm.reply(memory, model=agent.model_id, delay=SLOW_MODEL_SECONDS)
+        consolidations.append(enqueue(consolidate_chat, chat.id))
+    db.session.commit()
+    for flags, threads in workers:
+        start_worker(*flags, threads=threads)
+    wait_for(lambda: len(fake_llm.requests) == 1, 60, "a consolidation to reach the model")
+    assert _statuses(consolidations) == ["queued", "running"]  # background work: one thread takes it
+
+    cleo = factories.agent(admin.account, "Cleo")
+    fake_llm.reply("The tulips go in in March.", model=cleo.model_id)
+    reply = _post(
+        _signed_in(live_app, admin), factories.chat(admin.account, [cleo]), "When do the tulips go in?"
+    )
+
+    wait_for(
+        lambda: _fresh(reply).status == "done", 30, "the reply"
+    )  # far sooner than the consolidation's model
+    assert _fresh(reply).content == "The tulips go in in March."
+    assert _statuses(consolidations) == ["queued", "running"]  # the background work still waits
+
+
 def test_one_worker_answers_several_chats_at_once(live_app, start_worker, fake_llm):
     admin = factories.user(factories.account())
     client = _signed_in(live_app, admin)
@@ -112,30 +110,6 @@ def test_one_worker_answers_several_chats_at_once(live_app, start_worker, fake_l
     wait_for(lambda: all(_fresh(r).status == "done" for r in replies), 60, "the replies")
     assert [_fresh(r).content for r in replies] == ["Ada here.", "Basil here.", "Cleo here."]
     assert fake_llm.max_in_flight == 3  # asked at the same time, not one after another
-
-
-def test_a_worker_answers_a_chat_while_its_background_thread_consolidates(live_app, start_worker, fake_llm):
-    admin = factories.user(factories.account())
-    consolidations = []
-    for name in ("Ada", "Basil"):
-        agent, chat = _stale_chat(admin, name)
-        memory = json.dumps({"journal": [f"{name}: tulips in March"], "core": []})
-        fake_llm.reply(memory, model=agent.model_id, delay=SLOW_MODEL_SECONDS)
-        consolidations.append(enqueue(consolidate_chat, chat.id))
-    db.session.commit()
-    start_worker(threads=3)
-    wait_for(lambda: len(fake_llm.requests) == 1, 60, "a consolidation to reach the model")
-    assert _statuses(consolidations) == ["queued", "running"]  # background work: one thread of the three
-
-    cleo = factories.agent(admin.account, "Cleo")
-    fake_llm.reply("The tulips go in in March.", model=cleo.model_id)
-    reply = _post(
-        _signed_in(live_app, admin), factories.chat(admin.account, [cleo]), "When do the tulips go in?"
-    )
-
-    wait_for(lambda: _fresh(reply).status == "done", 30, "the reply")
-    assert _fresh(reply).content == "The tulips go in in March."
-    assert _statuses(consolidations) == ["queued", "running"]
 
 
 def test_sigterm_lets_a_reply_in_hand_finish_then_the_worker_leaves(live_app, start_worker, fake_llm):
