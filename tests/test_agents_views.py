@@ -94,3 +94,21 @@ def test_an_admin_chooses_what_members_may_see_of_an_agents_memory(client, auth,
     assert agent.members_see_memory == "core"
     assert re.search(r'<input checked[^>]*value="core"', client.get(f"/agents/{agent.id}/edit").text)
     assert "What members may see of this agent" in client.get(f"/agents/{agent.id}/edit").text
+
+
+def test_an_agent_turns_its_one_to_one_chats_into_memories_unless_told_not_to(client, auth, admin):
+    auth.login(admin)
+    form = client.get("/agents/new").text
+    assert re.search(r'<input [^>]*checked[^>]*name="consolidates_direct_chats"', form)
+    assert "Turn its one-to-one chats into memories" in form
+    client.post("/agents/new", data={**VALID, "consolidates_direct_chats": "y"})
+    agent = db.session.scalar(sa.select(Agent))
+    assert agent.consolidates_direct_chats is True
+
+    response = client.post(f"/agents/{agent.id}/edit", data=VALID)  # the box unticked
+
+    assert response.status_code == 303
+    db.session.refresh(agent)
+    assert agent.consolidates_direct_chats is False
+    edit = client.get(f"/agents/{agent.id}/edit").text
+    assert not re.search(r'<input [^>]*checked[^>]*name="consolidates_direct_chats"', edit)

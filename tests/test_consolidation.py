@@ -1,4 +1,4 @@
-"""Spec 000, corrected by DESIGN.md 5.1: idle group chats become each agent's own memories."""
+"""Spec 000, corrected by DESIGN.md 5.1: idle chats, group and one-to-one, become each agent's own memories."""
 
 import json
 import time
@@ -88,11 +88,9 @@ def test_finder_skips_recently_active_chats(group_chat, admin):
     assert _finder_chat_ids() == []
 
 
-def test_finder_skips_one_to_one_and_discarded_chats(group_chat, admin, ada):
-    one_to_one = factories.chat(admin.account, [ada])
+def test_finder_skips_discarded_chats(group_chat, admin, ada):
     discarded = factories.chat(admin.account, [ada], manual=True)
     with _hours_ago(7):
-        factories.message(one_to_one, "Old", author=admin)
         factories.message(discarded, "Old", author=admin)
     discarded.discarded_at = utcnow()
     db.session.commit()
@@ -100,6 +98,18 @@ def test_finder_skips_one_to_one_and_discarded_chats(group_chat, admin, ada):
     consolidate_stale_chats()
 
     assert _finder_chat_ids() == [group_chat.id]
+
+
+def test_finder_enqueues_idle_one_to_one_chats_of_agents_that_turn_them_into_memories(group_chat, admin, ada):
+    cleo = factories.agent(admin.account, "Cleo", consolidates_direct_chats=False)
+    with_ada, with_cleo = factories.chat(admin.account, [ada]), factories.chat(admin.account, [cleo])
+    with _hours_ago(7):
+        factories.message(with_ada, "Old", author=admin)
+        factories.message(with_cleo, "Old", author=admin)
+
+    consolidate_stale_chats()
+
+    assert sorted(_finder_chat_ids()) == sorted([group_chat.id, with_ada.id])
 
 
 def test_finder_skips_consolidated_chats_without_new_messages(group_chat):
@@ -125,15 +135,16 @@ def test_finder_includes_consolidated_chats_with_new_idle_messages(group_chat, a
 
 
 def test_the_finder_is_one_query(group_chat, admin, ada):
-    for _ in range(5):
-        chat = factories.chat(admin.account, [ada], manual=True)
+    quiet = factories.agent(admin.account, "Quiet", consolidates_direct_chats=False)
+    for agents, manual in [([ada], True), ([ada], False), ([quiet], False)] * 2:
+        chat = factories.chat(admin.account, agents, manual=manual)
         with _hours_ago(7):
             factories.message(chat, "Old", author=admin)
 
     with count_queries() as counted:
         found = db.session.scalars(stale_chats_query(utcnow(), timedelta(hours=6))).all()
 
-    assert len(found) == 6
+    assert len(found) == 5  # the group chat, two more, and Ada's two one-to-one chats; not Quiet's
     assert counted.count == 1
 
 
@@ -143,16 +154,81 @@ def group_chat_messages(chat):
     return db.session.scalars(sa.select(Message).where(Message.chat_id == chat.id)).all()
 
 
-# The per-chat job (spec section 8, worker tests)
+# One-to-one chats (issue 20, item 7)
 
 
-def test_job_skips_one_to_one_chats(admin, ada, fake_llm):
+@pytest.fixture
+def one_to_one(admin, ada):
+    chat = factories.chat(admin.account, [ada], "Tea talk")
+    with _hours_ago(7):
+        factories.message(chat, "I only drink green tea.", author=admin)
+        factories.message(chat, "Green tea it is.", author=ada)
+    return chat
+
+
+def test_an_idle_one_to_one_chat_is_consolidated_once(one_to_one, ada, fake_llm):
+    last_id = max(m.id for m in group_chat_messages(one_to_one))
+    fake_llm.default_text = _extraction(journal=["Dana only drinks green tea"])
+
+    consolidate_stale_chats()
+    first = consolidate_chat(one_to_one.id)
+    consolidate_stale_chats()
+    second = consolidate_chat(one_to_one.id)
+
+    assert _finder_chat_ids() == [one_to_one.id]  # the second finder queued nothing more
+    assert [r["model"] for r in fake_llm.requests] == ["ada-model"]  # the second run asked no model
+    assert (first["agents"], first["journal"], second["agents"]) == (1, 1, 0)
+    assert "[dana]: I only drink green tea." in fake_llm.requests[0]["messages"][0]["content"]
+    assert _memories(ada) == [("journal", "Dana only drinks green tea")]
+    assert _cursor(one_to_one, ada) == last_id
+    assert db.session.get(Chat, one_to_one.id).last_consolidated_message_id == last_id
+
+
+def test_an_agent_can_keep_its_one_to_one_chats_out_of_memory(one_to_one, group_chat, ada, basil, fake_llm):
+    ada.consolidates_direct_chats = False
+    db.session.commit()
+    fake_llm.default_text = _extraction(journal=["Something said"])
+
+    consolidate_stale_chats()
+    skipped = consolidate_chat(one_to_one.id, force=True)  # not even when asked for
+    consolidate_chat(group_chat.id)
+
+    assert _finder_chat_ids() == [group_chat.id]
+    assert skipped == {"skipped": 1} and _cursor(one_to_one, ada) is None
+    assert sorted(r["model"] for r in fake_llm.requests) == ["ada-model", "basil-model"]  # the group chat's
+    assert _memories(ada) == [("journal", "Something said")]
+
+
+def test_a_memory_saved_during_the_chat_is_not_stored_again(admin, ada, fake_llm):
+    from webapp.jobs.replies import request_replies, respond
+
     chat = factories.chat(admin.account, [ada])
     with _hours_ago(7):
-        factories.message(chat, "Hello", author=admin)
+        factories.message(chat, "Remember that I like green tea.", author=admin)
+        replies = request_replies(chat, [ada])
+        db.session.commit()
+        fake_llm.reply(
+            tool_calls=[("save_memory", {"content": "Dana likes green tea.", "memory_type": "journal"})]
+        )
+        fake_llm.reply("I'll remember that.")
+        respond([r.id for r in replies])
+    fake_llm.requests.clear()
+    # A model that extracts the saved fact again anyway, in other case and spacing, and one new fact.
+    fake_llm.reply(_extraction(journal=["dana likes  GREEN tea", "Dana asked Ada to remember things"]))
 
-    assert consolidate_chat(chat.id) == {"skipped": 1}
-    assert fake_llm.requests == [] and _memories(ada) == []
+    counts = consolidate_chat(chat.id)
+
+    prompt = fake_llm.requests[0]["messages"][0]["content"]
+    assert ": Dana likes green tea." in prompt  # extraction is shown what save_memory added
+    assert "I'll remember that." in prompt
+    assert _memories(ada) == [
+        ("journal", "Dana likes green tea."),
+        ("journal", "Dana asked Ada to remember things"),
+    ]
+    assert (counts["journal"], counts["duplicates"]) == (1, 1)
+
+
+# The per-chat job (spec section 8, worker tests)
 
 
 def test_job_skips_recently_active_chats(group_chat, admin, ada, fake_llm):
@@ -171,7 +247,18 @@ def test_each_agent_extracts_with_its_own_model(group_chat, ada, basil, fake_llm
     assert sorted(r["model"] for r in fake_llm.requests) == ["ada-model", "basil-model"]
     assert _memories(ada) == [("journal", "User prefers concise responses")]
     assert _memories(basil) == [("core", "I value brevity")]
-    assert counts == {"agents": 2, "chunks": 2, "journal": 1, "core": 1, "duplicates": 0, "malformed": 0}
+    assert counts == {
+        "agents": 2,
+        "chunks": 2,
+        "journal": 1,
+        "core": 1,
+        "duplicates": 0,
+        "malformed": 0,
+        "by_agent": {
+            "Ada": {"chunks": 1, "journal": 1, "core": 0, "duplicates": 0, "malformed": 0},
+            "Basil": {"chunks": 1, "journal": 0, "core": 1, "duplicates": 0, "malformed": 0},
+        },
+    }
     ada_prompt = next(r for r in fake_llm.requests if r["model"] == "ada-model")["messages"][0]["content"]
     assert "Your identity:\nYou are Ada, a gardener." in ada_prompt
     assert "[dana]: Hello agents!" in ada_prompt and "[Ada]: Hello! I'm happy to help." in ada_prompt
@@ -402,6 +489,32 @@ def test_an_html_body_fails_the_agent_retryably_and_never_crashes_the_job(group_
     assert run.status == "failed" and "JSONDecodeError" not in run.error
     statuses = db.session.scalars(sa.select(LlmCall.status).order_by(LlmCall.model))
     assert sorted(statuses) == ["error", "ok"]
+
+
+def test_a_failed_run_records_what_the_other_agents_did(group_chat, ada, basil, fake_llm):
+    fake_llm.html(model="ada-model")  # a proxy's sign-in page
+    fake_llm.reply("Nothing in this chat is worth remembering, I think.", model="basil-model")
+
+    with pytest.raises(LLMError) as raised:
+        consolidate_chat(group_chat.id)
+
+    run = db.session.scalar(sa.select(JobRun))
+    assert run.status == "failed" and run.error == str(raised.value)
+    assert run.error.startswith("1 of 2 agents failed (Ada: The model's server answered with something")
+    assert "Sign in to the proxy" in run.error
+    assert run.counts == {
+        "agents": 2,
+        "failed": 1,
+        "chunks": 1,
+        "journal": 0,
+        "core": 0,
+        "duplicates": 0,
+        "malformed": 1,  # Basil's prose answer
+        "by_agent": {
+            "Ada": {"chunks": 0, "journal": 0, "core": 0, "duplicates": 0, "malformed": 0, "failed": 1},
+            "Basil": {"chunks": 1, "journal": 0, "core": 0, "duplicates": 0, "malformed": 1},
+        },
+    }
 
 
 def test_a_second_consolidation_of_a_chat_is_not_queued_while_one_waits_or_runs(group_chat):

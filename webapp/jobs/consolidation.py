@@ -1,4 +1,8 @@
-"""Spec 000: hourly, turn idle group chats into memories, each agent extracting its own with its own model.
+"""Spec 000: hourly, turn idle chats into memories, each agent extracting its own with its own model.
+
+Group chats, and the one-to-one chats of agents that have not turned that off (issue 20), by the same job and
+cursors. Extraction is shown the agent's memories, those it saved with save_memory while chatting included, and
+an identical active memory is not added twice, so a fact is not stored again.
 
 Corrected as DESIGN.md 5.1 says: progress is a cursor per agent (chat_agents.last_consolidated_message_id),
 committed in the same transaction as the memories it produced, so a crash or retry never duplicates or skips;
@@ -22,7 +26,7 @@ from webapp.jobs.queue import backlog_time, enqueue, job_target, recorded_job
 from webapp.jobs.refinement import trigger_if_over_budget
 from webapp.llm import LLMError
 from webapp.llm.jsonparse import parse_json_object
-from webapp.models import AgentMemory, Chat, ChatAgent, Message
+from webapp.models import Agent, AgentMemory, Chat, ChatAgent, Message
 from webapp.models.audit import record_change
 from webapp.models.memories import (
     MAX_CONTENT_CHARS,
@@ -39,13 +43,31 @@ from webapp.tokens import count_tokens
 log = logging.getLogger(__name__)
 
 
+def _consolidated() -> sa.ColumnElement[bool]:
+    """Which of a chat's agents consolidation serves (Chat and Agent in the query): every agent of a group chat,
+    and in a one-to-one chat an agent that turns its one-to-one chats into memories."""
+    return sa.or_(Chat.manual_responses.is_(True), Agent.consolidates_direct_chats.is_(True))
+
+
+def _served_links(chat_id: int) -> sa.Select:
+    return (
+        sa.select(ChatAgent)
+        .join(ChatAgent.chat)
+        .join(ChatAgent.agent)
+        .where(ChatAgent.chat_id == chat_id, _consolidated())
+        .order_by(ChatAgent.id)
+    )
+
+
 def stale_chats_query(now: datetime, idle: timedelta) -> sa.Select:
-    """Group chats with no message for `idle` that have messages after their consolidation cursor: one query."""
+    """Chats with no message for `idle` that have messages after their consolidation cursor and an agent that
+    consolidates them: one query."""
     last_id = sa.select(sa.func.max(Message.id)).where(Message.chat_id == Chat.id).scalar_subquery()
+    served = sa.exists().where(ChatAgent.chat_id == Chat.id, Agent.id == ChatAgent.agent_id, _consolidated())
     return (
         sa.select(Chat.id)
         .where(
-            Chat.manual_responses.is_(True),
+            served,
             Chat.discarded_at.is_(None),
             Chat.last_message_at <= now - idle,
             sa.func.coalesce(Chat.last_consolidated_message_id, 0) < last_id,
@@ -68,6 +90,9 @@ def consolidate_stale_chats() -> dict[str, int]:
     return {"chats": len(chat_ids)}
 
 
+COUNTS = ("chunks", "journal", "core", "duplicates", "malformed")
+
+
 @dataclass
 class AgentOutcome:
     agent_name: str
@@ -77,6 +102,23 @@ class AgentOutcome:
     duplicates: int = 0
     malformed: int = 0
     error: LLMError | None = None
+
+    def counts(self) -> dict[str, int]:
+        """What this agent's extraction did, for the run's record (why it failed is in the run's error)."""
+        return {key: getattr(self, key) for key in COUNTS} | ({"failed": 1} if self.error else {})
+
+
+class ConsolidationFailed(LLMError):
+    """Some agents' extraction failed; `counts` says what every agent did, the failed ones' saved chunks
+    included, and is recorded with the failed run."""
+
+    def __init__(self, failed: list[AgentOutcome], outcomes: list[AgentOutcome]):
+        reasons = "; ".join(f"{o.agent_name}: {o.error}" for o in failed)
+        super().__init__(
+            f"{len(failed)} of {len(outcomes)} agents failed ({reasons})",
+            retryable=any(o.error.retryable for o in failed),
+        )
+        self.counts = _counts(outcomes)
 
 
 @recorded_job(
@@ -89,12 +131,13 @@ class AgentOutcome:
 def consolidate_chat(chat_id: int, force: bool = False) -> dict[str, Any]:
     """Extract memories from one chat's new messages for each of its agents (force: even if not idle)."""
     chat = db.session.get(Chat, chat_id)
-    if chat is None or not _eligible(chat, force):
+    links = db.session.scalars(_served_links(chat_id)).all()
+    if chat is None or not links or not _eligible(chat, force):
         return {"skipped": 1}
     through_id = db.session.scalar(sa.select(sa.func.max(Message.id)).where(Message.chat_id == chat.id))
     pending = [
         link.id
-        for link in chat.chat_agents
+        for link in links
         if not link.agent.paused and (link.last_consolidated_message_id or 0) < (through_id or 0)
     ]
     db.session.commit()  # no transaction stays open while the agents' models work
@@ -103,12 +146,11 @@ def consolidate_chat(chat_id: int, force: bool = False) -> dict[str, Any]:
         pending,
         current_app.config["CONSOLIDATION_CONCURRENCY"],
     )
-    failed = [o for o in outcomes if o.error]
-    if failed:
-        raise _combined_error(failed, len(outcomes))
+    if failed := [o for o in outcomes if o.error]:
+        raise ConsolidationFailed(failed, outcomes)
     _mark_chat_consolidated(chat_id, through_id)
     _trigger_refinements(chat_id)
-    return _totals(outcomes)
+    return _counts(outcomes)
 
 
 def _trigger_refinements(chat_id: int) -> None:
@@ -118,7 +160,7 @@ def _trigger_refinements(chat_id: int) -> None:
 
 
 def _eligible(chat: Chat, force: bool) -> bool:
-    if not chat.manual_responses or chat.discarded_at is not None:
+    if chat.discarded_at is not None:
         return False
     last_at = db.session.scalar(sa.select(sa.func.max(Message.created_at)).where(Message.chat_id == chat.id))
     return last_at is not None and (force or last_at <= utcnow() - idle_threshold())
@@ -134,16 +176,12 @@ def _mark_chat_consolidated(chat_id: int, through_id: int | None) -> None:
     db.session.commit()
 
 
-def _totals(outcomes: list[AgentOutcome]) -> dict[str, int]:
-    keys = ("chunks", "journal", "core", "duplicates", "malformed")
-    totals = {key: sum(getattr(o, key) for o in outcomes) for key in keys}
-    return {"agents": len(outcomes), **totals}
-
-
-def _combined_error(failed: list[AgentOutcome], total: int) -> LLMError:
-    reasons = "; ".join(f"{o.agent_name}: {o.error}" for o in failed)
-    retryable = any(o.error.retryable for o in failed)
-    return LLMError(f"{len(failed)} of {total} agents failed ({reasons})", retryable=retryable)
+def _counts(outcomes: list[AgentOutcome]) -> dict[str, Any]:
+    """The run's counts: the agents, how many failed (if any), the totals, and each agent's own."""
+    failed = sum(1 for o in outcomes if o.error)
+    totals = {key: sum(getattr(o, key) for o in outcomes) for key in COUNTS}
+    by_agent = {o.agent_name: o.counts() for o in outcomes}
+    return {"agents": len(outcomes), **({"failed": failed} if failed else {}), **totals, "by_agent": by_agent}
 
 
 def _consolidate_for_agent(link_id: int, through_id: int) -> AgentOutcome:

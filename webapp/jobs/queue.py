@@ -344,9 +344,9 @@ def recorded_job(
     list of ids) the first argument is, and the run is recorded under that record's account. One run per
     target at a time: a second one finds the lock held and skips. `timeout(*args)` is the job's time limit in
     seconds (see model_time; None: NO_MODEL_SECONDS), after which RQ stops it and its run fails as timed out.
-    The job returns a dict of counts (or None). A retryable LLM error is re-raised so RQ retries it with
-    backoff (a queued row stands for the next attempt); any other error fails the job at once, its reason in
-    job_runs.
+    The job returns a dict of counts (or None); an error with a `counts` attribute has those recorded with the
+    failure. A retryable LLM error is re-raised so RQ retries it with backoff (a queued row stands for the next
+    attempt); any other error fails the job at once, its reason in job_runs.
     """
 
     def decorator(func: Callable[..., dict[str, Any] | None]):
@@ -408,7 +408,8 @@ def _execute(run_id: int, func: Callable[..., Any], args: tuple[Any, ...], kwarg
         counts = func(*args, **kwargs) or {}
     except Exception as error:
         db.session.rollback()
-        _finish_run(run_id, "failed", error=_describe(error))
+        # An error may carry the counts of the work done before it (what the agents that finished saved).
+        _finish_run(run_id, "failed", error=_describe(error), counts=getattr(error, "counts", None))
         if isinstance(error, LLMError) and error.retryable:
             if _retries_left() > 0:
                 _queue_next_attempt(run_id)

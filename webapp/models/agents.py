@@ -8,7 +8,9 @@ from webapp.models.accounts import Account, User
 from webapp.timeutil import utcnow
 
 DEFAULT_CORE_TOKEN_BUDGET = 5000
-DEFAULT_TOOLS = ("save_memory", "recall")  # what a new agent may call unless an admin unticks it
+# What a new agent may call, however it is created (the agent form, the demo seed, a bare Agent()): every reply
+# tool (webapp.tools.REPLY_TOOLS, named here as the tools import the models; tests/test_default_tools.py checks).
+DEFAULT_TOOLS = ("save_memory", "recall", "borrow_context")
 # What members may see of an agent's memory from a chat: everything its prompt holds, its core memories only,
 # or nothing. Admins always see what the prompt holds (and the ledger).
 MEMORY_VISIBILITY = ("prompt", "core", "none")
@@ -33,6 +35,8 @@ class Agent(db.Model):
     )
     last_refinement_at: Mapped[datetime | None]
     paused: Mapped[bool] = mapped_column(default=False)
+    # Whether consolidation turns its idle one-to-one chats into memories too (group chats it always does).
+    consolidates_direct_chats: Mapped[bool] = mapped_column(default=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 

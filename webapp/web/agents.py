@@ -20,6 +20,7 @@ from wtforms.validators import DataRequired, Length, NumberRange, Optional, Rege
 from webapp import llm
 from webapp.extensions import db
 from webapp.models import Agent
+from webapp.models.agents import DEFAULT_CORE_TOKEN_BUDGET, DEFAULT_TOOLS
 from webapp.tools import REPLY_TOOLS
 from webapp.web.auth import admin_required, owned_or_404
 
@@ -63,6 +64,7 @@ class AgentForm(FlaskForm):
         ],
         default="prompt",
     )
+    consolidates_direct_chats = BooleanField("Turn its one-to-one chats into memories")
     paused = BooleanField("Paused (answers nothing, runs no memory jobs)")
 
     def __init__(self, *args, agent: Agent | None = None, **kwargs):
@@ -101,8 +103,9 @@ def new() -> ResponseReturnValue:
     """Create an agent."""
     defaults = {
         "model_id": current_app.config["DEFAULT_MODEL_ID"],
-        "core_token_budget": 5000,
-        "enabled_tools": list(REPLY_TOOLS),  # memory is the point: every tool is on for a new agent
+        "core_token_budget": DEFAULT_CORE_TOKEN_BUDGET,
+        "enabled_tools": list(DEFAULT_TOOLS),
+        "consolidates_direct_chats": True,
     }
     form = AgentForm(data=defaults)
     if form.validate_on_submit():
@@ -139,6 +142,7 @@ def _save(form: AgentForm, agent: Agent) -> None:
     agent.core_token_budget = form.core_token_budget.data
     agent.memory_token_budget = form.memory_token_budget.data
     agent.members_see_memory = form.members_see_memory.data
+    agent.consolidates_direct_chats = form.consolidates_direct_chats.data
     agent.paused = form.paused.data
     db.session.add(agent)
     db.session.commit()
