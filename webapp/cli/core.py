@@ -126,7 +126,6 @@ def demo_seed() -> None:
                 name=name,
                 system_prompt=prompt,
                 model_id=current_app.config["DEFAULT_MODEL_ID"],
-                enabled_tools=["save_memory", "borrow_context"],
             )
         )
     db.session.commit()
