@@ -45,8 +45,11 @@ target_db = current_app.extensions["migrate"].db
 
 def include_object(obj, name, type_, reflected, compare_to):
     """Full-text search lives outside the models (SQLite FTS5 tables, PostgreSQL tsvector columns and their
-    GIN indexes): migrations make it by hand, so autogenerate neither adds nor drops it."""
-    return not (name and ("_fts" in name or "search_vector" in name))
+    GIN indexes): migrations make it by hand, so autogenerate neither adds nor drops it. The vector tables
+    (memory_vectors, message_vectors, and sqlite-vec's own tables behind them) are made by webapp.search at
+    first use, with the dimensions of the embedding model."""
+    searched = ("_fts", "search_vector", "memory_vectors", "message_vectors")
+    return not (name and any(part in name for part in searched))
 
 
 def get_metadata():

@@ -10,7 +10,7 @@ from tests import factories
 from webapp.extensions import db
 from webapp.jobs import schedule
 from webapp.jobs.queue import rq_queue
-from webapp.models import AgentMemory
+from webapp.models import AgentMemory, JobRun
 from webapp.timeutil import utcnow
 
 
@@ -45,6 +45,45 @@ def test_consolidate_now_runs_inline(runner, admin, fake_llm):
     assert f"chat {chat.id}: {{'agents': 2" in result.output
     contents = db.session.scalars(sa.select(AgentMemory.content).where(AgentMemory.agent_id == ada.id)).all()
     assert contents == ["Dana grows roses"]
+
+
+def test_consolidate_now_names_the_agent_whose_model_failed_and_exits_1(runner, admin, fake_llm):
+    chat, ada = _idle_group_chat(admin)
+    fake_llm.html(model="ada-model")  # a proxy's sign-in page instead of a completion
+    fake_llm.reply(json.dumps({"journal": ["Dana grows roses"], "core": []}), model="basil-model")
+
+    result = runner.invoke(args=["memories", "consolidate", "--now"])
+
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit)
+    assert "Traceback" not in result.output
+    assert (
+        f"chat {chat.id}: failed: 1 of 2 agents failed (Ada: The model's server answered with something that"
+        " is not a completion: <!doctype html>"
+    ) in result.output
+    basil_memories = db.session.scalars(sa.select(AgentMemory.content).where(AgentMemory.agent_id != ada.id))
+    assert list(basil_memories) == ["Dana grows roses"]
+    run = db.session.scalar(sa.select(JobRun).where(JobRun.job_type == "consolidate"))
+    assert run.status == "failed" and run.counts["by_agent"]["Basil"]["journal"] == 1
+    assert f"chat {chat.id}: counts of the failed run: {{'agents': 2, 'failed': 1" in result.output
+
+
+def test_consolidate_now_goes_on_with_the_other_chats_after_a_failure(runner, admin, fake_llm):
+    failing, _ = _idle_group_chat(admin)
+    cleo = factories.agent(admin.account, "Cleo")
+    working = factories.chat(admin.account, [cleo])  # one-to-one
+    with time_machine.travel(utcnow() - timedelta(hours=7), tick=False):
+        factories.message(working, "I grow tulips.", author=admin)
+    fake_llm.fail(401, "bad key", model="ada-model")
+    fake_llm.reply(json.dumps({"journal": ["Dana grows tulips"], "core": []}), model="cleo-model")
+
+    result = runner.invoke(args=["memories", "consolidate", "--now"])
+
+    assert result.exit_code == 1
+    assert (
+        f"chat {failing.id}: failed: 1 of 2 agents failed (Ada: The provider refused the API key"
+        in result.output
+    )
+    assert f"chat {working.id}: {{'agents': 1" in result.output
 
 
 def test_reflect_now_for_one_agent(runner, admin, fake_llm):

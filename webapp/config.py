@@ -7,6 +7,7 @@ import sys
 from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 LOCAL_LLM_PORT = 8088
@@ -101,6 +102,8 @@ def engine_options(settings: Mapping[str, Any]) -> dict:
         "pool_pre_ping": True,
         "pool_size": settings["WORKER_THREADS"] + settings["CONSOLIDATION_CONCURRENCY"] + 1,
     }
+    if database_uri.startswith("sqlite"):
+        options["module"] = sqlite_module()
     if database_uri.startswith("sqlite") and _under_gevent():
         options.update(pool_size=1, max_overflow=0)
     if database_uri.startswith("postgresql"):
@@ -108,6 +111,20 @@ def engine_options(settings: Mapping[str, Any]) -> dict:
         # a full-text search planned for a rare word ran 10x slower for a common one (bench.recall: 190 ms).
         options["connect_args"] = {"options": "-c plan_cache_mode=force_custom_plan"}
     return options
+
+
+def sqlite_module() -> ModuleType:
+    """The SQLite driver: the standard library's when it may load extensions (sqlite-vec), else the
+    pysqlite3-binary wheel's, which may (this machine's Python is built without it)."""
+    import sqlite3
+
+    if hasattr(sqlite3.Connection, "enable_load_extension"):
+        return sqlite3
+    try:
+        from pysqlite3 import dbapi2
+    except ImportError:
+        return sqlite3  # search is by words only
+    return dbapi2
 
 
 def _under_gevent() -> bool:
@@ -197,8 +214,15 @@ def load(instance_path: str) -> dict:
             if os.environ.get("LLM_BASE_URL")
             else LOCAL_MODEL_CONTEXT_TOKENS - (max_output or ANSWER_RESERVE_TOKENS),
         ),
-        "RECALL_TOKEN_BUDGET": _int("RECALL_TOKEN_BUDGET", 1200),
-        "RECALL_MAX_RESULTS": _int("RECALL_MAX_RESULTS", 8),
+        "RECALL_TOKEN_BUDGET": _int("RECALL_TOKEN_BUDGET", 2000),
+        "RECALL_MAX_RESULTS": _int("RECALL_MAX_RESULTS", 10),
+        # Search by meaning (webapp.search): vectors from an OpenAI-compatible /v1/embeddings endpoint, or with
+        # no EMBEDDING_BASE_URL from the local all-MiniLM-L6-v2 in each process. EMBEDDING_MODEL names the
+        # endpoint's model; vectors carry it, and a new one is written again by `flask memories reindex`.
+        "EMBEDDING_BASE_URL": os.environ.get("EMBEDDING_BASE_URL", ""),
+        "EMBEDDING_API_KEY": os.environ.get("EMBEDDING_API_KEY", ""),
+        "EMBEDDING_MODEL": os.environ.get("EMBEDDING_MODEL", ""),
+        "EMBEDDING_TIMEOUT_SECONDS": _float("EMBEDDING_TIMEOUT_SECONDS", 10),
         # Spec 003: the model that writes each agent's conversation summaries (empty: the agent's own model),
         # and how often the chat page's cross-conversation panel refreshes.
         "SUMMARY_MODEL_ID": os.environ.get("SUMMARY_MODEL_ID", ""),
@@ -223,6 +247,7 @@ def load(instance_path: str) -> dict:
 BOUNDS: dict[str, tuple[float | None, float | None]] = {
     "LOCAL_LLM_PORT": (1, 65_535),
     "LLM_TIMEOUT_SECONDS": (0.1, None),
+    "EMBEDDING_TIMEOUT_SECONDS": (0.1, None),
     "JOB_MAX_RETRIES": (0, None),
     "CONSOLIDATION_IDLE_HOURS": (0, None),
     "CONSOLIDATION_CHUNK_TOKENS": (1, None),

@@ -40,9 +40,24 @@ limiter = Limiter(key_func=get_remote_address)
 @sa.event.listens_for(sa.engine.Engine, "connect")
 def _sqlite_pragmas(dbapi_connection, _record) -> None:
     """SQLite is shared by the web and worker processes: wait for locks, write ahead, enforce foreign keys."""
-    if type(dbapi_connection).__module__.startswith("sqlite3"):
+    if type(dbapi_connection).__module__.startswith(("sqlite3", "pysqlite3")):
+        _load_sqlite_vec(dbapi_connection)
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA busy_timeout=30000")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
+
+
+def _load_sqlite_vec(dbapi_connection) -> None:
+    """The vector index (webapp.search.sqlite), where this SQLite may load extensions; search is by words
+    only where it may not."""
+    if not hasattr(dbapi_connection, "enable_load_extension"):
+        return
+    import sqlite_vec
+
+    dbapi_connection.enable_load_extension(True)
+    try:
+        sqlite_vec.load(dbapi_connection)
+    finally:
+        dbapi_connection.enable_load_extension(False)

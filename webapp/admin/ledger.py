@@ -17,12 +17,13 @@ from sqlalchemy.orm import aliased
 from wtforms import BooleanField, SelectField, TextAreaField
 from wtforms.validators import DataRequired, Length
 
+from webapp import search
 from webapp.admin.common import answer, bp, from_htmx, memory_or_404, page_number, page_of
 from webapp.admin.provenance import origins_for
 from webapp.admin.runs import KINDS
 from webapp.extensions import db
 from webapp.jobs import schedule
-from webapp.models import Agent, AgentMemory, search
+from webapp.models import Agent, AgentMemory
 from webapp.models.audit import record_change
 from webapp.models.memories import (
     MAX_CONTENT_CHARS,
@@ -31,7 +32,7 @@ from webapp.models.memories import (
     deleted_memories,
     like_pattern,
 )
-from webapp.models.search import Match
+from webapp.search.terms import Match
 from webapp.timeutil import utcnow
 from webapp.web.auth import admin_required, owned_or_404
 from webapp.web.fragments import fragment_requested, page_or_fragment

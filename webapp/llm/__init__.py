@@ -105,17 +105,17 @@ def complete(
         _check_finished(result)
     except openai.OpenAIError as e:
         error = _classify(e, model, purpose)
-        _record(record, started, status="error", error=str(error))
+        record_call(record, started, status="error", error=str(error))
         raise error from e
     except json.JSONDecodeError as e:  # a JSON content type over a body that is not JSON (an HTML page, say)
         error = LLMError(f"{NOT_A_COMPLETION} (its body is not JSON: {e}).", retryable=True)
-        _record(record, started, status="error", error=str(error))
+        record_call(record, started, status="error", error=str(error))
         raise error from e
     except LLMError as error:
-        _record(record, started, status="error", error=str(error))
+        record_call(record, started, status="error", error=str(error))
         raise
     except Exception as e:  # stopped from outside (the job's time limit, a Stop): the request was still made
-        _record(
+        record_call(
             record,
             started,
             status="error",
@@ -125,7 +125,7 @@ def complete(
     if not result.prompt_tokens:  # some servers leave usage out of streams; estimate it
         result.prompt_tokens = count_tokens(json.dumps(messages))
         result.completion_tokens = count_tokens(result.text)
-    _record(
+    record_call(
         record,
         started,
         status="ok",
@@ -292,7 +292,7 @@ def _error_detail(error: openai.APIStatusError) -> str:
     return str(error.message)[:500]
 
 
-def _record(fields: dict[str, Any], started: float, **outcome: Any) -> None:
+def record_call(fields: dict[str, Any], started: float, **outcome: Any) -> None:
     """Write the ledger row on its own connection, so it survives whatever the caller's session does."""
     row = {
         **fields,

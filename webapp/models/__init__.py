@@ -6,6 +6,7 @@ from webapp.models.audit import AuditLog
 from webapp.models.chats import Chat, ChatAgent, Message
 from webapp.models.memories import AgentMemory, ReplySources
 from webapp.models.runs import JobRun, LlmCall
+from webapp.models.search import EmbeddingQueue, SearchTableStats, SearchTermStats
 
 __all__ = [
     "Account",
@@ -14,10 +15,13 @@ __all__ = [
     "AuditLog",
     "Chat",
     "ChatAgent",
+    "EmbeddingQueue",
     "JobRun",
     "LlmCall",
     "Message",
     "ReplySources",
+    "SearchTableStats",
+    "SearchTermStats",
     "User",
     "UserSession",
 ]

@@ -8,7 +8,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 from webapp.extensions import JSON, db
 from webapp.timeutil import utcnow
 
-LLM_PURPOSES = ("reply", "extract", "reflect", "refine", "summarize", "compact", "check")
+LLM_PURPOSES = ("reply", "extract", "reflect", "refine", "summarize", "compact", "check", "embedding")
 LLM_CALL_STATUSES = ("ok", "error")
 # queued: recorded, waiting for a worker (the database is the record of work to do); interrupted: its worker
 # died mid-run (webapp.jobs.queue's sweep closes it and queues the work again).

@@ -2,31 +2,36 @@ from typing import Any
 
 import sqlalchemy as sa
 from flask import current_app
-from sqlalchemy.orm import joinedload
 
-from webapp.extensions import db
-from webapp.models import Agent, AgentMemory, Chat, ChatAgent, Message, search
+from webapp import search
+from webapp.models import Agent, AgentMemory, Chat, ChatAgent
 from webapp.models.memories import active_memories
-from webapp.models.search import Match
+from webapp.search import Excerpt
 from webapp.timeutil import utcnow
 from webapp.tokens import count_tokens
 from webapp.tools.base import Tool, ToolContext
 
 DESCRIPTION = (
     "Search your own long-term memory (core memories and journal entries, even those older than the week "
-    "your prompt shows) and the messages of the conversations you take part in. Give a few distinctive words; "
-    "you get the best matches with their dates and the conversation's ID."
+    "your prompt shows) and the messages of the conversations you take part in. Give a few distinctive words "
+    "or a question; you get the best matches with their dates, a message with the turns around it, and the "
+    "conversation's ID."
 )
 MEMORY_CHARS = 600
 MESSAGE_CHARS = 400
 
 
 def recall(context: ToolContext, query: str) -> dict[str, Any]:
-    """The agent's best-matching memories and conversation messages, within the recall token budget."""
+    """The agent's best-matching memories and conversation excerpts, within the recall token budget."""
     limit = current_app.config["RECALL_MAX_RESULTS"]
-    memories = [_memory_hit(m) for m in _memories(context.agent, query, limit)]
-    messages = [_message_hit(m) for m in _messages(context.agent, query, limit)]
-    results, left_out = _within_budget(_alternate(memories, messages)[:limit])
+    agent = context.agent
+    vector = search.query_vector(query, agent_id=agent.id, chat_id=context.chat.id)
+    mine = active_memories(agent.id).whereclause
+    memories = [_memory_hit(m) for m in search.memories(agent.id, query, limit, mine, vector=vector)]
+    excerpts = [
+        _excerpt_hit(e) for e in search.messages(conversations_of(agent), query, limit, vector=vector)
+    ]
+    results, left_out = _within_budget(_alternate(memories, excerpts)[:limit])
     if not results:
         return {"results": [], "note": "Nothing in your memory or your conversations matches those words."}
     answer: dict[str, Any] = {"results": results}
@@ -35,41 +40,14 @@ def recall(context: ToolContext, query: str) -> dict[str, Any]:
     return answer
 
 
-def _memories(agent: Agent, query: str, limit: int) -> list[AgentMemory]:
-    """Active memories of this agent only (expired journal included), best match first."""
-    mine = active_memories(agent.id)
-    hits = search.ranked(AgentMemory, query, Match.ANY_WORD, mine.whereclause)
-    if hits is None:
-        return []
-    return list(
-        db.session.scalars(mine.join(hits, hits.c.id == AgentMemory.id).order_by(hits.c.rank).limit(limit))
-    )
-
-
-def _messages(agent: Agent, query: str, limit: int) -> list[Message]:
-    """Finished messages of the chats this agent takes part in (its own account, not discarded)."""
-    member_of = (
+def conversations_of(agent: Agent) -> sa.Select:
+    """The ids of the chats whose messages the agent may search: those it takes part in, of its own account,
+    not discarded."""
+    return (
         sa.select(ChatAgent.chat_id)
         .join(Chat, Chat.id == ChatAgent.chat_id)
         .where(
             ChatAgent.agent_id == agent.id, Chat.account_id == agent.account_id, Chat.discarded_at.is_(None)
-        )
-    )
-    readable = (
-        Message.chat_id.in_(member_of),
-        Message.status == "done",
-        Message.role.in_(("user", "assistant")),
-    )
-    hits = search.ranked(Message, query, Match.ANY_WORD, *readable)
-    if hits is None:
-        return []
-    return list(
-        db.session.scalars(
-            sa.select(Message)
-            .join(hits, hits.c.id == Message.id)
-            .options(joinedload(Message.chat), joinedload(Message.user), joinedload(Message.agent))
-            .order_by(hits.c.rank)
-            .limit(limit)
         )
     )
 
@@ -86,13 +64,16 @@ def _memory_hit(memory: AgentMemory) -> dict[str, Any]:
     return hit
 
 
-def _message_hit(message: Message) -> dict[str, Any]:
+def _excerpt_hit(excerpt: Excerpt) -> dict[str, Any]:
+    """A stretch of a conversation: each turn on a line with its date and author."""
+    lines = [
+        f"[{t.created_at:%Y-%m-%d %H:%M}] {t.author_name}: {' '.join(t.excerpt(MESSAGE_CHARS).split())}"
+        for t in excerpt.turns
+    ]
     return {
-        "conversation_id": message.chat.public_id,
-        "conversation": message.chat.model_title,
-        "date": message.created_at.strftime("%Y-%m-%d %H:%M"),
-        "author": message.author_name,
-        "content": message.excerpt(MESSAGE_CHARS),
+        "conversation_id": excerpt.chat.public_id,
+        "conversation": excerpt.chat.model_title,
+        "excerpt": "\n".join(lines),
     }
 
 

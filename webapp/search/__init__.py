@@ -1,0 +1,212 @@
+"""One search over an agent's past: its memories and the messages of its conversations.
+
+`recall`, the prompt's memory selection and the ledger's search box all come here. A search ranks by words
+(BM25 in each database: webapp.search.sqlite, webapp.search.postgres) and, when vectors are there, by meaning
+(the query's embedding against the stored ones), and fuses the two lists (fuse). A message found comes back
+with the turns around it (excerpts), as answers are often split across turns. Which is best was measured on
+LoCoMo with bench/locomo.py; the weights live here and nowhere else.
+
+The scope of a search is a set of SQL conditions on the searched table, applied inside both the word and the
+vector query, so a top-k is never filled with rows that are then dropped.
+"""
+
+import logging
+from dataclasses import dataclass, field
+from types import ModuleType
+
+import numpy as np
+import sqlalchemy as sa
+from sqlalchemy.orm import joinedload
+
+from webapp.extensions import db
+from webapp.models import AgentMemory, Chat, Message
+from webapp.search import embedder
+from webapp.search.terms import Match, terms
+
+log = logging.getLogger(__name__)
+
+CANDIDATES = 50  # from each of the word and the vector search, before fusion
+DENSE_WEIGHT = 1.0  # of the vector list's z-scores against the word list's
+MIN_SIMILARITY = 0.25  # a row found by meaning alone must be at least this close (cosine)
+TURNS_BEFORE, TURNS_AFTER = 2, 1  # shown around a message found
+READABLE_ROLES = ("user", "assistant")
+
+
+@dataclass
+class Excerpt:
+    """A stretch of one conversation around the messages a search found, oldest turn first."""
+
+    chat: Chat
+    turns: list[Message]
+    found: list[int] = field(default_factory=list)  # ids of the turns that matched, best first
+
+
+def backend() -> ModuleType:
+    """The search module of the database in use."""
+    from webapp.search import postgres, sqlite
+
+    return sqlite if db.engine.dialect.name == "sqlite" else postgres
+
+
+def ranked(model: type, text: str, match: Match, *scope: sa.ColumnElement[bool]) -> sa.Subquery | None:
+    """(id, rank) of the rows of `model` (AgentMemory or Message) whose words match text within the scope,
+    lower rank first; None when text has no words."""
+    words = terms(text)
+    if not words:
+        return None
+    return backend().lexical(model, words, match, scope)
+
+
+def query_vector(text: str, *, agent_id: int | None = None, chat_id: int | None = None) -> np.ndarray | None:
+    """The embedding of a query, or None when there are no vectors to search (search is then by words)."""
+    if not text.strip() or vector_dimensions() is None:
+        return None
+    try:
+        return embedder.embed([text], agent_id=agent_id, chat_id=chat_id)[0]
+    except embedder.EmbeddingError as error:
+        log.warning("searching by words only: %s", error)
+        return None
+
+
+def vector_dimensions() -> int | None:
+    """The dimensions of the stored vectors; None when there are none (no extension, nothing embedded)."""
+    try:
+        return backend().vector_dimensions()
+    except sa.exc.DBAPIError:
+        db.session.rollback()
+        return None
+
+
+def memories(
+    agent_id: int, text: str, k: int, *scope: sa.ColumnElement[bool], vector: np.ndarray | None = None
+) -> list[AgentMemory]:
+    """The agent's memories within the scope (conditions on AgentMemory) that best match text, best first."""
+    lexical = _lexical(AgentMemory, text, scope)
+    dense = []
+    if vector is not None:
+        owners = sa.select(sa.literal(agent_id))
+        nearest = backend().nearest("memory", embedder.model_name(), _stored(vector), owners, CANDIDATES)
+        dense = _within_scope(AgentMemory, nearest, scope)
+    ids = fuse(lexical, dense, k)
+    found = {m.id: m for m in db.session.scalars(sa.select(AgentMemory).where(AgentMemory.id.in_(ids)))}
+    return [found[i] for i in ids if i in found]
+
+
+def messages(
+    chats: sa.Select, text: str, k: int, *scope: sa.ColumnElement[bool], vector: np.ndarray | None = None
+) -> list[Excerpt]:
+    """Excerpts of the chats (a query of chat ids) around the readable messages that best match text."""
+    readable = (
+        Message.chat_id.in_(chats),
+        Message.status == "done",
+        Message.role.in_(READABLE_ROLES),
+        *scope,
+    )
+    lexical = _lexical(Message, text, readable)
+    dense = []
+    if vector is not None:
+        nearest = backend().nearest("message", embedder.model_name(), _stored(vector), chats, CANDIDATES)
+        dense = _within_scope(Message, nearest, readable)
+    return excerpts(fuse(lexical, dense, k))
+
+
+def _lexical(model: type, text: str, scope: tuple) -> list[tuple[int, float]]:
+    """(id, score) of the best word matches, best first (the score is BM25: higher is better)."""
+    hits = ranked(model, text, Match.ANY_WORD, *scope)
+    if hits is None:
+        return []
+    rows = db.session.execute(sa.select(hits.c.id, hits.c.rank).order_by(hits.c.rank).limit(CANDIDATES))
+    return [(row.id, -row.rank) for row in rows]
+
+
+def _within_scope(model: type, nearest: list[tuple[int, float]], scope: tuple) -> list[tuple[int, float]]:
+    """(id, cosine similarity) of the nearest rows that the scope admits, nearest first."""
+    if not nearest:
+        return []
+    admitted = set(
+        db.session.scalars(sa.select(model.id).where(model.id.in_([i for i, _ in nearest]), *scope))
+    )
+    return [(i, 1.0 - distance) for i, distance in nearest if i in admitted]
+
+
+def _stored(vector: np.ndarray) -> object:
+    return vector.astype(np.float32).tobytes() if db.engine.dialect.name == "sqlite" else vector.tolist()
+
+
+def fuse(lexical: list[tuple[int, float]], dense: list[tuple[int, float]], k: int) -> list[int]:
+    """The k best ids of two ranked lists: each list's scores as z-scores, the vector list's weighted by
+    DENSE_WEIGHT, a row missing from a list scoring that list's lowest. Rows found by meaning alone must be
+    MIN_SIMILARITY close."""
+    dense = [(i, s) for i, s in dense if s >= MIN_SIMILARITY or i in dict(lexical)]
+    lexical_z, dense_z = _z_scores(lexical), _z_scores(dense)
+    floor_lexical = min(lexical_z.values(), default=0.0)
+    floor_dense = min(dense_z.values(), default=0.0)
+    combined = {
+        i: lexical_z.get(i, floor_lexical) + DENSE_WEIGHT * dense_z.get(i, floor_dense)
+        for i in [*lexical_z, *dense_z]
+    }
+    return sorted(combined, key=lambda i: -combined[i])[:k]
+
+
+def _z_scores(hits: list[tuple[int, float]]) -> dict[int, float]:
+    if not hits:
+        return {}
+    scores = np.array([s for _, s in hits], dtype=np.float64)
+    spread = scores.std() or 1.0
+    return {i: float((s - scores.mean()) / spread) for (i, _), s in zip(hits, scores, strict=True)}
+
+
+def excerpts(found_ids: list[int]) -> list[Excerpt]:
+    """Each found message with the readable turns before and after it in its chat; found messages
+    whose stretches touch are one excerpt. In the order of each excerpt's best message."""
+    if not found_ids:
+        return []
+    found = {m.id: m for m in db.session.scalars(sa.select(Message).where(Message.id.in_(found_ids)))}
+    around = _neighbour_ids([found[i] for i in found_ids if i in found])
+    turns = {
+        m.id: m
+        for m in db.session.scalars(
+            sa.select(Message)
+            .where(Message.id.in_(around))
+            .options(joinedload(Message.chat), joinedload(Message.user), joinedload(Message.agent))
+        )
+    }
+    result: list[Excerpt] = []
+    for message_id in found_ids:
+        if message_id not in turns:
+            continue
+        stretch = _stretch(turns, turns[message_id])
+        joined = next(
+            (e for e in result if e.chat.id == turns[message_id].chat_id and _touch(e, stretch)), None
+        )
+        if joined is None:
+            result.append(Excerpt(chat=turns[message_id].chat, turns=stretch, found=[message_id]))
+        else:
+            joined.turns = sorted({t.id: t for t in joined.turns + stretch}.values(), key=lambda t: t.id)
+            joined.found.append(message_id)
+    return result
+
+
+def _neighbour_ids(found: list[Message]) -> list[int]:
+    """The ids of the found messages and of the readable turns around each, in one query."""
+    readable = (Message.status == "done", Message.role.in_(READABLE_ROLES))
+    parts = []
+    for message in found:
+        same_chat = sa.select(Message.id).where(Message.chat_id == message.chat_id, *readable)
+        before = same_chat.where(Message.id < message.id).order_by(Message.id.desc()).limit(TURNS_BEFORE)
+        after = same_chat.where(Message.id > message.id).order_by(Message.id).limit(TURNS_AFTER)
+        parts += [before.subquery().select(), after.subquery().select()]
+    neighbours = set(db.session.scalars(sa.union_all(*parts))) if parts else set()
+    return [m.id for m in found] + sorted(neighbours)
+
+
+def _stretch(turns: dict[int, Message], message: Message) -> list[Message]:
+    """The message and its loaded neighbours: the turns of its chat next to it, in order."""
+    same_chat = sorted((t for t in turns.values() if t.chat_id == message.chat_id), key=lambda t: t.id)
+    at = same_chat.index(message)
+    return same_chat[max(0, at - TURNS_BEFORE) : at + TURNS_AFTER + 1]
+
+
+def _touch(excerpt: Excerpt, stretch: list[Message]) -> bool:
+    ids = {t.id for t in excerpt.turns}
+    return any(t.id in ids for t in stretch)

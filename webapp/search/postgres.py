@@ -1,0 +1,177 @@
+"""Search on PostgreSQL: BM25 over tsvector for words, pgvector (HNSW) for vectors.
+
+Words: the generated `search_vector` columns with GIN indexes (migration 680a29028759) find the candidates;
+they are ranked by Okapi BM25 in SQL. PostgreSQL's own ts_rank_cd ignores how rare a word is, and Debian has
+no BM25 extension, so the statistics BM25 needs (how many rows hold each word, the rows' mean length) are
+kept in the tables `search_term_stats` and `search_table_stats`, refreshed from the index by
+refresh_term_stats (hourly, and by `flask memories reindex`). A term's frequency in a row is ts_rank_cd with
+unit weights over that term alone; a row's length is its number of distinct words.
+
+Vectors: the tables `memory_vectors` and `message_vectors` (a `vector` column of any dimensions, and the
+model that wrote each one), with an HNSW index per dimension count over the column cast to it. They need the
+pgvector extension; made at first use (CREATE EXTENSION needs the right to), otherwise search is by words.
+"""
+
+import math
+
+import sqlalchemy as sa
+
+from webapp.extensions import db
+from webapp.search.terms import Match
+
+K1 = 1.2
+B = 0.75
+TABLES = ("agent_memories", "messages")
+VECTOR_TABLES = {
+    "memory": ("memory_vectors", "memory_id", "agent_id", "agent_memories"),
+    "message": ("message_vectors", "message_id", "chat_id", "messages"),
+}
+
+
+def lexical(model: type, words: list[str], match: Match, scope: tuple) -> sa.Subquery:
+    """(id, rank) of the matching rows within the scope, lower rank first. On the table itself, so
+    PostgreSQL can combine the GIN index with the scope's own indexes."""
+    search_vector = sa.literal_column(f"{model.__tablename__}.search_vector")
+    if match is Match.ALL_PREFIXES:
+        tsquery = sa.func.to_tsquery("english", " & ".join(f"{w}:*" for w in words))
+        rank = -sa.func.ts_rank_cd(search_vector, tsquery)
+    else:
+        tsquery = sa.func.to_tsquery("english", " | ".join(words))
+        rank = -_bm25(model.__tablename__, search_vector, words)
+    statement = sa.select(model.id, rank.label("rank")).where(search_vector.op("@@")(tsquery), *scope)
+    return statement.subquery(f"{model.__tablename__}_hits")
+
+
+def _bm25(table: str, search_vector: sa.ColumnElement, words: list[str]) -> sa.ColumnElement[float]:
+    """Okapi BM25 of a row for these words, from the kept statistics (one small query)."""
+    rows, mean_length, frequencies = _statistics(table, words)
+    unit = sa.literal_column("'{1,1,1,1}'::float4[]")
+    length_norm = K1 * (1 - B) + K1 * B * sa.func.length(search_vector) / mean_length
+    score = sa.literal(0.0)
+    for word, documents in frequencies.items():
+        idf = math.log(1 + (rows - documents + 0.5) / (documents + 0.5))
+        tf = sa.func.ts_rank_cd(unit, search_vector, sa.func.to_tsquery("english", word), 0)
+        score = score + idf * tf * (K1 + 1) / (tf + length_norm)
+    return score
+
+
+def _statistics(table: str, words: list[str]) -> tuple[int, float, dict[str, int]]:
+    """(rows, mean length, rows holding each word) of the table, as last refreshed."""
+    result = db.session.execute(
+        sa.text(
+            "SELECT w.word, coalesce(t.docs, 0), coalesce(s.docs, 0), coalesce(s.mean_length, 1) "
+            "FROM unnest(CAST(:words AS text[])) AS w(word) "
+            "LEFT JOIN search_table_stats s ON s.table_name = :table "
+            "LEFT JOIN search_term_stats t ON t.table_name = :table "
+            "AND t.term = array_to_string(tsvector_to_array(to_tsvector('english', w.word)), ' ')"
+        ),
+        {"words": words, "table": table},
+    ).all()
+    rows = max((r[2] for r in result), default=0)
+    mean_length = max((r[3] for r in result), default=1.0) or 1.0
+    return rows, float(mean_length), {r[0]: r[1] for r in result}
+
+
+def rebuild_lexical(tables: tuple[str, ...]) -> None:
+    for table in tables:
+        db.session.execute(sa.text(f"REINDEX INDEX ix_{table}_search_vector"))
+
+
+def refresh_term_stats() -> None:
+    """Count, from each table's search index, how many rows hold each word, and the rows' mean length."""
+    for table in TABLES:
+        db.session.execute(sa.text("DELETE FROM search_term_stats WHERE table_name = :t"), {"t": table})
+        db.session.execute(
+            sa.text(
+                "INSERT INTO search_term_stats(table_name, term, docs) "
+                f"SELECT :t, word, ndoc FROM ts_stat('SELECT search_vector FROM {table}')"
+            ),
+            {"t": table},
+        )
+        db.session.execute(sa.text("DELETE FROM search_table_stats WHERE table_name = :t"), {"t": table})
+        db.session.execute(
+            sa.text(
+                "INSERT INTO search_table_stats(table_name, docs, mean_length) "
+                f"SELECT :t, count(*), coalesce(avg(length(search_vector)), 1) FROM {table}"
+            ),
+            {"t": table},
+        )
+
+
+def vectors_available() -> bool:
+    """pgvector is installed in this database (made so here when the role may)."""
+    if db.session.scalar(sa.text("SELECT 1 FROM pg_extension WHERE extname = 'vector'")):
+        return True
+    try:
+        with db.session.begin_nested():
+            db.session.execute(sa.text("CREATE EXTENSION IF NOT EXISTS vector"))
+    except sa.exc.DBAPIError:
+        return False
+    return True
+
+
+def ensure_vector_tables(dimensions: int) -> None:
+    """The vector tables, and an HNSW index for vectors of these dimensions."""
+    for table, key, owner, rows in VECTOR_TABLES.values():
+        db.session.execute(
+            sa.text(
+                f"CREATE TABLE IF NOT EXISTS {table} ({key} integer PRIMARY KEY REFERENCES {rows}(id) "
+                f"ON DELETE CASCADE, {owner} integer NOT NULL, model text NOT NULL, embedding vector NOT NULL)"
+            )
+        )
+        db.session.execute(sa.text(f"CREATE INDEX IF NOT EXISTS ix_{table}_{owner} ON {table} ({owner})"))
+        db.session.execute(
+            sa.text(
+                f"CREATE INDEX IF NOT EXISTS ix_{table}_hnsw_{dimensions} ON {table} USING hnsw "
+                f"((embedding::vector({dimensions})) vector_cosine_ops)"
+            )
+        )
+
+
+def vector_dimensions() -> int | None:
+    exists = db.session.scalar(sa.text("SELECT to_regclass('memory_vectors') IS NOT NULL"))
+    if not exists:
+        return None
+    return db.session.scalar(sa.text("SELECT vector_dims(embedding) FROM memory_vectors LIMIT 1"))
+
+
+def store_vectors(kind: str, rows: list[tuple[int, int, str, list[float]]]) -> None:
+    """(id, owner id, model, vector) rows; a row already there is replaced."""
+    table, key, owner, _rows = VECTOR_TABLES[kind]
+    db.session.execute(
+        sa.text(
+            f"INSERT INTO {table}({key}, {owner}, model, embedding) VALUES (:id, :owner, :model, CAST(:v AS vector)) "
+            f"ON CONFLICT ({key}) DO UPDATE SET {owner} = excluded.{owner}, model = excluded.model, "
+            "embedding = excluded.embedding"
+        ),
+        [{"id": i, "owner": o, "model": m, "v": _literal(v)} for i, o, m, v in rows],
+    )
+
+
+def delete_vectors(kind: str, ids: list[int]) -> None:
+    table, key, _owner, _rows = VECTOR_TABLES[kind]
+    if ids:
+        db.session.execute(sa.text(f"DELETE FROM {table} WHERE {key} = ANY(:ids)"), {"ids": list(ids)})
+
+
+def nearest(kind: str, model: str, vector: list[float], owners: sa.Select, k: int) -> list[tuple[int, float]]:
+    """(id, cosine distance) of the k nearest vectors of this model among the owners', nearest first. The
+    HNSW scan goes on past rows of other owners until it has k (pgvector's iterative scan)."""
+    name, key, owner, _rows = VECTOR_TABLES[kind]
+    table = sa.table(name, sa.column(key), sa.column(owner), sa.column("model"))
+    db.session.execute(sa.text("SET LOCAL hnsw.iterative_scan = relaxed_order"))
+    distance = sa.literal_column(f"{name}.embedding::vector({len(vector)})").op("<=>")(
+        sa.text("CAST(:query_vector AS vector)")
+    )
+    statement = (
+        sa.select(table.c[key], distance.label("distance"))
+        .where(table.c.model == model, table.c[owner].in_(owners))
+        .order_by(sa.literal_column("distance"))
+        .limit(k)
+    )
+    rows = db.session.execute(statement, {"query_vector": _literal(vector)})
+    return [(row[0], row[1]) for row in rows]
+
+
+def _literal(vector: list[float]) -> str:
+    return "[" + ",".join(f"{x:.7g}" for x in vector) + "]"
