@@ -111,7 +111,8 @@ def vectors_available() -> bool:
 
 
 def ensure_vector_tables(dimensions: int) -> None:
-    """The vector tables, and an HNSW index for vectors of these dimensions."""
+    """The vector tables, and an HNSW index for vectors of these dimensions (pgvector must be available)."""
+    db.session.execute(sa.text("CREATE EXTENSION IF NOT EXISTS vector"))
     for table, key, owner, rows in VECTOR_TABLES.values():
         db.session.execute(
             sa.text(
@@ -132,7 +133,12 @@ def vector_dimensions() -> int | None:
     exists = db.session.scalar(sa.text("SELECT to_regclass('memory_vectors') IS NOT NULL"))
     if not exists:
         return None
-    return db.session.scalar(sa.text("SELECT vector_dims(embedding) FROM memory_vectors LIMIT 1"))
+    return db.session.scalar(
+        sa.text(
+            "SELECT vector_dims(embedding) FROM (SELECT embedding FROM memory_vectors LIMIT 1) m "
+            "UNION ALL SELECT vector_dims(embedding) FROM (SELECT embedding FROM message_vectors LIMIT 1) n LIMIT 1"
+        )
+    )
 
 
 def store_vectors(kind: str, rows: list[tuple[int, int, str, list[float]]]) -> None:
