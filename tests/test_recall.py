@@ -10,7 +10,9 @@ import sqlalchemy as sa
 from tests import factories
 from webapp.extensions import db
 from webapp.jobs.replies import request_replies, respond
-from webapp.models import Agent, AgentMemory, Message, ReplySources, search
+from webapp.models import Agent, AgentMemory, LlmCall, Message, ReplySources
+from webapp.search import indexing
+from webapp.search.terms import terms
 from webapp.timeutil import utcnow
 from webapp.tools import ToolContext
 from webapp.tools.recall import recall
@@ -59,14 +61,41 @@ def test_a_fact_saved_30_days_ago_is_recalled_and_reaches_the_model(app, fake_ll
 
 def test_recall_finds_messages_of_the_agents_conversations_with_their_opaque_id(app, admin, chat, ada):
     other = factories.chat(admin.account, [ada], "Walks")
-    factories.message(other, "Biscuit loves the long walk by the river.", author=admin)
+    walk = factories.message(other, "Biscuit loves the long walk by the river.", author=admin)
 
     hits = _recall(ada, chat, "river walk")["results"]
 
+    said = walk.created_at.strftime("%Y-%m-%d %H:%M")
     assert hits == [
-        {"conversation_id": other.public_id, "conversation": "Walks", "date": hits[0]["date"],
-         "author": "dana", "content": "Biscuit loves the long walk by the river."}
+        {"conversation_id": other.public_id, "conversation": "Walks",
+         "excerpt": f"[{said}] dana: Biscuit loves the long walk by the river."}
     ]  # fmt: skip
+
+
+def test_a_message_found_comes_with_the_turns_around_it_dated_and_named(app, admin, ada):
+    walks = factories.chat(admin.account, [ada], "Walks")
+    lines = [
+        (admin, "Where should we go on Saturday?"),
+        (ada, "How about somewhere with water?"),
+        (admin, "The lake! I love the lake."),
+        (ada, "Then the lake it is, at nine."),
+        (admin, "Unrelated: my sister visits on Sunday."),
+        (ada, "Say hello to her."),
+    ]
+    for author, text in lines:
+        factories.message(walks, text, author=author)
+
+    [hit] = _recall(ada, walks, "lake")["results"]
+
+    turns = hit["excerpt"].splitlines()
+    assert [t.split("] ", 1)[1] for t in turns] == [
+        "dana: Where should we go on Saturday?",
+        "Ada: How about somewhere with water?",
+        "dana: The lake! I love the lake.",
+        "Ada: Then the lake it is, at nine.",
+        "dana: Unrelated: my sister visits on Sunday.",
+    ]  # two turns before the first match, one after the last; the two matches are one excerpt
+    assert all(re.match(r"\[\d{4}-\d{2}-\d{2} \d{2}:\d{2}\] ", t) for t in turns)
 
 
 def test_recall_never_returns_another_agents_memory_or_a_foreign_conversation(
@@ -114,7 +143,8 @@ def test_rows_written_in_bulk_are_searchable_too(app, admin, chat, ada):
 
     hits = _recall(ada, chat, "zucchini")["results"]
 
-    assert {h.get("content") for h in hits} == {"Bulk fact about zucchini.", "zucchini soup?"}
+    assert {h.get("content") for h in hits} - {None} == {"Bulk fact about zucchini."}
+    assert [h["excerpt"].split(": ", 1)[1] for h in hits if "excerpt" in h] == ["zucchini soup?"]
 
 
 def test_results_stay_within_the_token_budget(app, chat, ada):
@@ -138,7 +168,7 @@ def test_both_databases_leave_out_the_same_common_words(app, client, signed_in, 
     page = client.get(f"/admin/agents/{ada.id}/memories", query_string={"q": "myself"}).text
 
     assert "I remind myself daily." in page  # PostgreSQL drops "myself" from a query: the typed text decides
-    assert search.terms("Don't blame yourself, itself or against it") == ["blame"]
+    assert terms("Don't blame yourself, itself or against it") == ["blame"]
 
 
 def test_new_agents_may_recall_by_default(app, signed_in, client, admin):
@@ -147,7 +177,7 @@ def test_new_agents_may_recall_by_default(app, signed_in, client, admin):
     agent = Agent(account=admin.account, name="Cleo", model_id="m")
     db.session.add(agent)
     db.session.commit()
-    assert agent.enabled_tools == ["save_memory", "recall"]
+    assert "recall" in agent.enabled_tools
 
 
 def _break_the_index() -> None:
@@ -192,3 +222,48 @@ def test_reindex_rebuilds_a_broken_index_from_the_tables(app, runner, chat, ada)
     if db.engine.dialect.name != "sqlite":
         db.session.commit()
         assert _postgres_index_valid()
+
+
+def _index(*rows) -> None:
+    """Write the vectors of these memories and messages, as the embedding job does."""
+    indexing.index_memories([r.id for r in rows if isinstance(r, AgentMemory)])
+    db.session.commit()
+    indexing.index_messages([r.id for r in rows if isinstance(r, Message)])
+    db.session.commit()
+
+
+def test_a_memory_is_found_by_its_meaning_when_no_word_matches(app, chat, ada):
+    loss = factories.memory(ada, "My grandmother passed away last spring.")
+    _index(loss, factories.memory(ada, "The user prefers tea to coffee."))
+
+    hits = _recall(ada, chat, "death in the family")["results"]
+
+    assert [h["memory_id"] for h in hits] == [loss.id]
+
+
+def test_search_by_meaning_never_reaches_another_agent_or_a_foreign_conversation(
+    app, admin, stranger, chat, ada
+):
+    basil = factories.agent(admin.account, "Basil")
+    basil_only = factories.chat(admin.account, [basil], "Basil alone")
+    foreign_agent = factories.agent(stranger.account, "Ada")
+    foreign_chat = factories.chat(stranger.account, [foreign_agent])
+    _index(
+        factories.memory(basil, "My grandmother passed away last spring."),
+        factories.memory(foreign_agent, "My grandmother passed away last spring."),
+        factories.message(basil_only, "My grandmother passed away last spring.", author=admin),
+        factories.message(foreign_chat, "My grandmother passed away last spring.", author=stranger),
+    )
+
+    assert _recall(ada, chat, "death in the family")["results"] == []
+
+
+def test_with_the_embedder_down_recall_answers_by_words(app, chat, ada):
+    _index(factories.memory(ada, "The greenhouse key hangs by the door."))
+    app.config.update(EMBEDDING_BASE_URL="http://127.0.0.1:9/v1", EMBEDDING_MODEL="all-MiniLM-L6-v2 (local, int8)")
+
+    hits = _recall(ada, chat, "greenhouse key")["results"]
+
+    assert [h["content"] for h in hits] == ["The greenhouse key hangs by the door."]
+    failed = db.session.scalars(sa.select(LlmCall).where(LlmCall.purpose == "embedding")).all()[-1]
+    assert failed.status == "error"
