@@ -3,10 +3,14 @@
 Words: the FTS5 tables `agent_memories_fts` and `messages_fts` (external content, kept in step by triggers; made
 by the migration 680a29028759), ranked by FTS5's own bm25() (Porter stemming, so "roses" finds "rose").
 
-Vectors: the vec0 tables `memory_vectors` (partitioned by agent) and `message_vectors` (partitioned by chat),
-made here at first use with the dimensions of the model that fills them (a model with other dimensions
-replaces them: its vectors must all be written again anyway). They need the sqlite-vec extension loaded on
-each connection (webapp.extensions); without it, search is by words only.
+Vectors: the tables `memory_vectors` and `message_vectors`, made here at first use: each row holds the vector
+(float32), its sign bits (sqlite-vec's vec_quantize_binary) and the model that wrote it, under a covering index
+of (owner, model, bits, id). A search reads the owner's range of that index (an agent's memories, the messages
+of its chats), takes the nearest by Hamming distance, and ranks those by their exact cosine distance. Measured
+(bench.recall, 200,000 vectors, a scope of 20,000): 8 ms, where sqlite-vec's own vec0 table, which compares
+every vector of a table (or of each partition) took 216 ms whole, 355 ms partitioned by chat, and 57 ms over a
+plain scan of the float vectors. They need the sqlite-vec extension loaded on each connection
+(webapp.extensions); without it, search is by words only.
 """
 
 import sqlalchemy as sa
@@ -18,6 +22,7 @@ VECTOR_TABLES = {
     "memory": ("memory_vectors", "memory_id", "agent_id"),
     "message": ("message_vectors", "message_id", "chat_id"),
 }
+RESCORED = 4  # candidates by sign bits per result, ranked again by their exact distance
 
 
 def lexical(model: type, words: list[str], match: Match, scope: tuple) -> sa.Subquery:
@@ -55,35 +60,38 @@ def vectors_available() -> bool:
 
 
 def ensure_vector_tables(dimensions: int) -> None:
-    """The vec0 tables, for vectors of these dimensions (replacing tables made for others)."""
+    """The vector tables (any dimensions: a vector is a float32 blob, its model says what it is)."""
     for table, key, owner in VECTOR_TABLES.values():
-        sql = db.session.scalar(sa.text("SELECT sql FROM sqlite_master WHERE name = :t"), {"t": table})
-        if sql and f"float[{dimensions}]" in sql:
-            continue
-        if sql:
-            db.session.execute(sa.text(f"DROP TABLE {table}"))
         db.session.execute(
             sa.text(
-                f"CREATE VIRTUAL TABLE {table} USING vec0({key} integer primary key, {owner} integer partition key, "
-                f"model text, embedding float[{dimensions}] distance_metric=cosine)"
+                f"CREATE TABLE IF NOT EXISTS {table} ({key} INTEGER PRIMARY KEY, {owner} INTEGER NOT NULL, "
+                "model TEXT NOT NULL, bits BLOB NOT NULL, embedding BLOB NOT NULL)"
             )
+        )
+        db.session.execute(
+            sa.text(f"CREATE INDEX IF NOT EXISTS ix_{table}_scan ON {table} ({owner}, model, bits, {key})")
         )
 
 
 def vector_dimensions() -> int | None:
-    sql = db.session.scalar(sa.text("SELECT sql FROM sqlite_master WHERE name = 'memory_vectors'"))
-    if not sql:
+    if not db.session.scalar(sa.text("SELECT count(*) FROM sqlite_master WHERE name = 'memory_vectors'")):
         return None
-    return int(sql.split("float[", 1)[1].split("]", 1)[0])
+    return db.session.scalar(
+        sa.text(
+            "SELECT length(embedding) / 4 FROM (SELECT embedding FROM memory_vectors LIMIT 1) "
+            "UNION ALL SELECT length(embedding) / 4 FROM (SELECT embedding FROM message_vectors LIMIT 1) LIMIT 1"
+        )
+    )
 
 
 def store_vectors(kind: str, rows: list[tuple[int, int, str, bytes]]) -> None:
     """(id, owner id, model, float32 bytes) rows; a row already there is replaced."""
     table, key, owner = VECTOR_TABLES[kind]
-    ids = [row[0] for row in rows]
-    delete_vectors(kind, ids)
     db.session.execute(
-        sa.text(f"INSERT INTO {table}({key}, {owner}, model, embedding) VALUES (:id, :owner, :model, :v)"),
+        sa.text(
+            f"INSERT OR REPLACE INTO {table}({key}, {owner}, model, bits, embedding) "
+            "VALUES (:id, :owner, :model, vec_quantize_binary(:v), :v)"
+        ),
         [{"id": i, "owner": o, "model": m, "v": v} for i, o, m, v in rows],
     )
 
@@ -98,16 +106,21 @@ def delete_vectors(kind: str, ids: list[int]) -> None:
 
 def nearest(kind: str, model: str, vector: bytes, owners: sa.Select, k: int) -> list[tuple[int, float]]:
     """(id, cosine distance) of the k nearest vectors of this model among the owners' (an agent's memories, or
-    the messages of some chats), nearest first. vec0 answers k per partition; the best k of those are kept."""
-    table, key, owner = VECTOR_TABLES[kind]
-    owner_ids = list(db.session.scalars(owners))
-    if not owner_ids:
-        return []
-    rows = db.session.execute(
-        sa.text(
-            f"SELECT {key}, distance FROM {table} WHERE embedding MATCH :v AND k = :k "
-            f"AND model = :model AND {owner} IN ({','.join(map(str, map(int, owner_ids)))})"
-        ),
-        {"v": vector, "k": k, "model": model},
+    the messages of some chats), nearest first. The nearest RESCORED * k by the Hamming distance of their
+    sign bits are read from the owners' range of a covering index, then ranked by their exact distance."""
+    name, key, owner = VECTOR_TABLES[kind]
+    table = sa.table(
+        name, sa.column(key), sa.column(owner), sa.column("model"), sa.column("bits"), sa.column("embedding")
     )
-    return sorted(((row[0], row[1]) for row in rows), key=lambda row: row[1])[:k]
+    by_bits = sa.func.vec_distance_hamming(sa.func.vec_bit(table.c.bits), sa.func.vec_quantize_binary(vector))
+    candidates = (
+        sa.select(table.c[key])
+        .where(table.c[owner].in_(owners), table.c.model == model)
+        .order_by(by_bits)
+        .limit(RESCORED * k)
+    )
+    distance = sa.func.vec_distance_cosine(table.c.embedding, vector).label("distance")
+    statement = (
+        sa.select(table.c[key], distance).where(table.c[key].in_(candidates)).order_by(distance).limit(k)
+    )
+    return [(row[0], row[1]) for row in db.session.execute(statement)]
