@@ -188,16 +188,27 @@ def excerpts(found_ids: list[int]) -> list[Excerpt]:
 
 
 def _neighbour_ids(found: list[Message]) -> list[int]:
-    """The ids of the found messages and of the readable turns around each, in one query."""
-    readable = (Message.status == "done", Message.role.in_(READABLE_ROLES))
-    parts = []
+    """The ids of the found messages and of the readable turns around each: one small query per message,
+    each the same statement (built once, so SQLAlchemy's cache compiles it once)."""
+    around = {m.id for m in found}
     for message in found:
-        same_chat = sa.select(Message.id).where(Message.chat_id == message.chat_id, *readable)
-        before = same_chat.where(Message.id < message.id).order_by(Message.id.desc()).limit(TURNS_BEFORE)
-        after = same_chat.where(Message.id > message.id).order_by(Message.id).limit(TURNS_AFTER)
-        parts += [before.subquery().select(), after.subquery().select()]
-    neighbours = set(db.session.scalars(sa.union_all(*parts))) if parts else set()
-    return [m.id for m in found] + sorted(neighbours)
+        around.update(db.session.scalars(_AROUND, {"chat_id": message.chat_id, "id": message.id}))
+    return sorted(around)
+
+
+def _around() -> sa.CompoundSelect:
+    readable = (
+        Message.chat_id == sa.bindparam("chat_id"),
+        Message.status == "done",
+        Message.role.in_(READABLE_ROLES),
+    )
+    same_chat = sa.select(Message.id).where(*readable)
+    before = same_chat.where(Message.id < sa.bindparam("id")).order_by(Message.id.desc()).limit(TURNS_BEFORE)
+    after = same_chat.where(Message.id > sa.bindparam("id")).order_by(Message.id).limit(TURNS_AFTER)
+    return sa.union_all(before.subquery().select(), after.subquery().select())
+
+
+_AROUND = _around()
 
 
 def _stretch(turns: dict[int, Message], message: Message) -> list[Message]:
