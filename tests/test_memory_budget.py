@@ -74,7 +74,7 @@ def test_the_prompt_stays_within_the_memory_budget_with_10000_memories(app, chat
     )  # oldest first
     assert core[1].startswith("- Memory number 3:")
     assert "did not fit here" in section and "recall tool" in section
-    assert counted.count < 15  # the same few queries whatever the number of memories
+    assert counted.count < 25  # the same few queries whatever the number of memories, the search included
     assert len(prompt.sources.memory_ids) == len(core)
 
 

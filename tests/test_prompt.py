@@ -26,7 +26,9 @@ def test_parts_arrive_in_order_with_roles_and_authors(admin):
     factories.message(chat, "Agreed.", author=ada)
     factories.message(chat, "Basil joined the conversation.", role="system")
     factories.memory(ada, "I love roses.", "core")
+    factories.memory(ada, "I am patient.", "core")
     factories.memory(ada, "Dana asked about roses.", "journal")
+    factories.memory(ada, "Dana watered the tulips.", "journal")
 
     messages = build_prompt(chat, ada).messages
 
@@ -39,8 +41,11 @@ def test_parts_arrive_in_order_with_roles_and_authors(admin):
     ]
     context = messages[-1]["content"]
     assert messages[-1]["role"] == "system" and len(messages) == 6
-    assert context.index("## Core memories") < context.index("- I love roses.") < context.index("## Journal")
-    assert "- 2026-11-21: Dana asked about roses." in context
+    assert context.index("## Core memories") < context.index("- I am patient.") < context.index("## Journal")
+    assert "- 2026-11-21: Dana watered the tulips." in context
+    relevant = context.split("## Relevant to this conversation")[1].split("## Core memories")[0]
+    assert "- (2026-11-21, core memory) I love roses." in relevant  # the conversation is about roses
+    assert "- (2026-11-21, journal) Dana asked about roses." in relevant
     assert "Current time: 2026-11-21 12:00 UTC" in context
     assert "Participants: Ada (you), Basil (agent), dana (person)" in context
 

@@ -51,7 +51,7 @@ def test_a_replys_sources_list_exactly_the_memories_its_prompt_held(app, fake_ll
     reply = _reply(chat, ada, fake_llm, "Climbers, noted.")
 
     sources = db.session.get(ReplySources, reply.id)
-    assert sources.memory_ids == [core.id, fresh.id]
+    assert sources.memory_ids == [fresh.id, core.id]  # in the prompt's order: what matches the chat first
     prompt = fake_llm.requests[-1]["messages"][-1]["content"]
     assert all(m.content in prompt for m in (core, fresh))
 

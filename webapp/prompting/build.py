@@ -14,13 +14,15 @@ import sqlalchemy as sa
 from flask import current_app
 from sqlalchemy.orm import joinedload
 
+from webapp import search
 from webapp.extensions import db
 from webapp.llm import LLMError
-from webapp.models import Agent, Chat, ChatAgent, Message, ReplySources, User, public_ids
+from webapp.models import Agent, AgentMemory, Chat, ChatAgent, Message, ReplySources, User, public_ids
 from webapp.models.chats import other_conversation_summaries
-from webapp.models.memories import MemoryWithin, memories_within
+from webapp.models.memories import MemoryWithin, active_memories, memories_within
 from webapp.prompting import render
 from webapp.prompting.window import input_budget, prompt_tokens, text_tokens
+from webapp.search.terms import terms
 from webapp.timeutil import utcnow
 from webapp.tools import reply_tools, schemas_for
 
@@ -28,6 +30,13 @@ TRUNCATION_NOTE = "(Earlier messages of this conversation are not shown; only th
 
 MEMORY_SHARE = 3  # memory takes at most a third of the input budget
 SUMMARY_SHARE = 6  # the conversation's summary at most a sixth
+RELEVANT_MEMORIES = 8  # memories chosen by what the conversation is about, before the most recent
+QUERY_TURNS = 3  # the newest messages whose words search the memory: the latest person's, and around it
+QUERY_MESSAGE_CHARS = 1000
+# Words of the turns around the message added to its own: enough to carry a follow-up's topic; each word more
+# is more rows for the word search to rank (bench.prompt_memory).
+QUERY_CONTEXT_WORDS = 8
+QUERY_EMBEDDED_CHARS = 300  # of the message, embedded for the search by meaning (about 60 tokens)
 REMOVED_TOOL_RESULT = json.dumps({"error": "This result was removed: the prompt was over its token budget."})
 
 
@@ -63,10 +72,11 @@ class Prompt:
 def build_prompt(chat: Chat, agent: Agent, *, before_message_id: int | None = None) -> Prompt:
     """The messages for an activation, and the borrowed context they include."""
     now = utcnow()
-    transcript, truncated = _transcript(chat, agent, before_message_id)
+    recent = _recent_messages(chat, before_message_id)
+    transcript, truncated = _transcript(recent, agent)
     borrowed = _staged_borrowed_context(chat, agent)
     borrowed_section = _borrowed_section(borrowed)
-    memory, listed = prompt_memory(agent, now)
+    memory, listed = prompt_memory(chat, agent, now, recent)
     summaries = other_conversation_summaries(agent, exclude_chat_id=chat.id)
     context = [
         listed,
@@ -201,25 +211,29 @@ def _conversation_so_far(chat: Chat) -> list[dict[str, str]]:
     return [{"role": "system", "content": f"# Conversation so far\n\n{text}"}]
 
 
-def _transcript(chat: Chat, agent: Agent, before_message_id: int | None) -> tuple[list[dict[str, str]], bool]:
-    """The most recent finished messages that fit the token budget, oldest first; and whether any were cut."""
-    limit = current_app.config["TRANSCRIPT_MAX_MESSAGES"]
+def _recent_messages(chat: Chat, before_message_id: int | None) -> list[Message]:
+    """The chat's newest finished messages after its summary's cut (and before the message being answered),
+    newest first: one more than the transcript may hold, so it can tell whether any were cut."""
     query = (
         sa.select(Message)
         .options(joinedload(Message.user), joinedload(Message.agent))
         .where(Message.chat_id == chat.id, Message.status == "done", Message.content != "")
         .order_by(Message.id.desc())
-        .limit(limit + 1)
+        .limit(current_app.config["TRANSCRIPT_MAX_MESSAGES"] + 1)
     )
     if before_message_id is not None:
         query = query.where(Message.id < before_message_id)
     if chat.compacted_through_message_id:
         query = query.where(Message.id > chat.compacted_through_message_id)
-    newest_first = list(db.session.scalars(query))
+    return list(db.session.scalars(query))
+
+
+def _transcript(newest_first: list[Message], agent: Agent) -> tuple[list[dict[str, str]], bool]:
+    """The most recent finished messages that fit the token budget, oldest first; and whether any were cut."""
     budget = current_app.config["TRANSCRIPT_TOKEN_BUDGET"]
     kept: list[dict[str, str]] = []
     used = 0
-    for message in newest_first[:limit]:
+    for message in newest_first[: current_app.config["TRANSCRIPT_MAX_MESSAGES"]]:
         entry = _transcript_entry(message, agent)
         used += text_tokens(entry["content"])
         if used > budget and kept:
@@ -234,19 +248,61 @@ def _transcript_entry(message: Message, agent: Agent) -> dict[str, str]:
     return {"role": "user", "content": f"{message.author_name}: {message.content}"}
 
 
-def prompt_memory(agent: Agent, now: datetime) -> tuple[MemoryWithin, str]:
-    """The memories an activation's prompt holds now, within the agent's memory budget, and the section that
-    lists them: what the prompt and the chat's memory page both show."""
+def prompt_memory(
+    chat: Chat, agent: Agent, now: datetime, recent: list[Message] | None = None
+) -> tuple[MemoryWithin, str]:
+    """The memories the agent's prompt in this chat holds now, within its memory budget, and the section that
+    lists them: what the prompt and the chat's memory page both show. First the constitutional memories, then
+    those that best match the conversation (found by recall's search, queried with the chat's latest
+    messages), then the most recent. `recent`: the chat's newest messages, newest first, if already read."""
+    if recent is None:
+        recent = _recent_messages(chat, None)
     budget = memory_budget(agent)
-    within = memories_within(agent.id, now, budget)
+    relevant = _relevant_memories(agent, chat, *_memory_query(recent))
+    within = memories_within(agent.id, now, budget, relevant)
     return within, _memory_section(within, agent, budget)
+
+
+def _memory_query(newest_first: list[Message]) -> tuple[str, str]:
+    """What the prompt's memory is searched by: the latest person's message, and a few words of the turns around
+    it that the message does not have ("" and "" when no person has written yet)."""
+    readable = [m for m in newest_first if m.role in ("user", "assistant") and m.content.strip()]
+    latest = next((m for m in readable if m.role == "user"), None)
+    if latest is None:
+        return "", ""
+    message = _cut(latest.content, QUERY_MESSAGE_CHARS)
+    asked = set(terms(message))
+    around = [
+        w for m in readable[:QUERY_TURNS] if m is not latest for w in terms(m.content) if w not in asked
+    ]
+    return message, " ".join(list(dict.fromkeys(around))[:QUERY_CONTEXT_WORDS])
+
+
+def _cut(text: str, chars: int) -> str:
+    """At most `chars` of text, ending at a whole word."""
+    text = " ".join(text.split())
+    return text if len(text) <= chars else text[:chars].rsplit(" ", 1)[0]
+
+
+def _relevant_memories(agent: Agent, chat: Chat, message: str, around: str) -> list[int]:
+    """The ids of the agent's memories (any active one but the constitutional, listed anyway) that best match
+    the conversation, best first: the search the recall tool runs, by the words of the message and a few of the
+    turns around it, and by the meaning of the message alone (an embedding takes longer the longer its text,
+    and the question is what the reply is about)."""
+    if not message:
+        return []
+    vector = search.query_vector(_cut(message, QUERY_EMBEDDED_CHARS), agent_id=agent.id, chat_id=chat.id)
+    # (IS NOT TRUE: "= false" would lead SQLite to the constitutional flag's index, over every agent's rows)
+    scope = (active_memories(agent.id).whereclause, AgentMemory.constitutional.is_not(True))
+    found = search.memories(agent.id, f"{message}\n{around}", RELEVANT_MEMORIES, *scope, vector=vector)
+    return [m.id for m in found]
 
 
 def _memory_section(within: MemoryWithin, agent: Agent, budget: int) -> str:
     """The memory section within its token budget: what did not fit is left out, and the section says so."""
     can_recall = "recall" in (agent.enabled_tools or [])
     while (used := text_tokens(text := render("memory.txt", within=within, can_recall=can_recall))) > budget:
-        listed = len(within.core) + len(within.journal)
+        listed = len(within.listed)
         if not listed:
             break  # only the headings and the note are left
         # The running sum estimated in cl100k; the rendered text in the model's tokens is what counts. Leave

@@ -459,15 +459,16 @@ def edit_message(chat_id: int, message_id: int) -> ResponseReturnValue:
 @bp.get("/<int:chat_id>/agents/<int:agent_id>/memory")
 @login_required
 def agent_memory(chat_id: int, agent_id: int) -> ResponseReturnValue:
-    """What an agent of this chat remembers, read-only: the memories its next prompt holds (its budget's worth
-    of core memories and the journal of the last 7 days) and how many did not fit. Members see what the agent's
-    admin lets them (all of it, the core memories, or nothing); admins see all, with a link to the ledger."""
+    """What an agent of this chat remembers, read-only: the memories its next prompt in this chat holds (those
+    that match the chat's latest messages, then its budget's worth of core memories and the journal of the last
+    7 days) and how many did not fit. Members see what the agent's admin lets them (all of it, the core
+    memories, or nothing); admins see all, with a link to the ledger."""
     chat = owned_or_404(Chat, chat_id)
     agent = next((a for a in chat.agents if a.id == agent_id), None)
     if agent is None:
         abort(404)
     shown = agent.memory_visible_to(current_user)
-    held = prompt_memory(agent, utcnow())[0].shown_as(shown)
+    held = prompt_memory(chat, agent, utcnow())[0].shown_as(shown)
     return render_template("chats/agent_memory.html", chat=chat, agent=agent, held=held, shown=shown)
 
 
