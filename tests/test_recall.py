@@ -47,8 +47,10 @@ def test_a_fact_saved_30_days_ago_is_recalled_and_reaches_the_model(app, fake_ll
     respond([reply.id])
 
     first, second = fake_llm.requests
-    assert "Biscuit" not in json.dumps(first["messages"])  # an expired entry is not in the prompt itself
-    assert "recall" in first["messages"][-1]["content"]  # the prompt says how to reach it
+    # A faded entry reaches the prompt only as a match for the conversation ("my dog"), with its date.
+    relevant = first["messages"][-1]["content"].split("## Relevant to this conversation", 1)[1]
+    assert f"{old.created_at:%Y-%m-%d}" in relevant and "The user's dog is named Biscuit." in relevant
+    assert "recall" in first["messages"][-1]["content"]  # the prompt says how to reach the rest
     result = json.loads(second["messages"][-1]["content"])
     assert second["messages"][-1]["role"] == "tool"
     assert result["results"][0] == {
