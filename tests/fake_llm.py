@@ -7,11 +7,16 @@
     fake_llm.html()                                       # next answer: HTTP 200 with an HTML page
     fake_llm.hang("alpha", seconds=30)                    # next answer: its words, then silence
     fake_llm.requests[-1]["model"]                        # what the app sent
+    fake_llm.fail(500, model="fake-embedder")             # next /v1/embeddings answer for that model
 
 Answers are consumed in order; when none is scripted, the server answers `default_text`.
 Streaming requests get the same answers as server-sent chunks.
+/v1/embeddings answers a vector per text (EMBEDDING_DIMENSIONS, from the text's hash, the same for the same
+text) unless a failure is scripted for its model (`fail(..., model=...)`; `reply(model=...)` scripts vectors);
+it takes no answer scripted without a model, and its requests go to `embedding_requests`, not `requests`.
 """
 
+import hashlib
 import json
 import threading
 import time
@@ -19,6 +24,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+EMBEDDING_DIMENSIONS = 384  # as the local model's: a PostgreSQL index is made per dimension count
 
 
 @dataclass
@@ -36,6 +43,7 @@ class Scripted:
 class FakeLLM:
     def __init__(self) -> None:
         self.requests: list[dict[str, Any]] = []
+        self.embedding_requests: list[dict[str, Any]] = []
         self.default_text = "ok"
         self.delay = 0.0  # seconds added to every answer
         self.chunk_delay = 0.0  # seconds between streamed chunks, to watch a reply arrive
@@ -87,6 +95,7 @@ class FakeLLM:
         self._script.clear()
         self._by_model.clear()
         self.requests.clear()
+        self.embedding_requests.clear()
         self.default_text = "ok"
         self.delay = 0.0
         self.chunk_delay = 0.0
@@ -104,6 +113,11 @@ class FakeLLM:
                 if queue:
                     return queue.popleft()
             return Scripted(text=self.default_text)
+
+    def _next_embedding(self, model: str) -> Scripted | None:
+        with self._lock:
+            queue = self._by_model.get(model)
+            return queue.popleft() if queue else None
 
     def _started(self) -> int:
         with self._lock:
@@ -147,6 +161,9 @@ def _handler_for(fake: FakeLLM) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             body = json.loads(self.rfile.read(length) or b"{}")
+            if self.path.rstrip("/").endswith("/embeddings"):
+                self._embeddings(body)
+                return
             fake._record(body)
             answer = fake._next(body.get("model", ""))
             generation = fake._started()
@@ -164,6 +181,19 @@ def _handler_for(fake: FakeLLM) -> type[BaseHTTPRequestHandler]:
                 self._stream(body, answer)
             else:
                 self._json(200, _completion(body, answer))
+
+        def _embeddings(self, body: dict[str, Any]) -> None:
+            with fake._lock:
+                fake.embedding_requests.append(body)
+            answer = fake._next_embedding(body.get("model", ""))
+            if answer is not None and answer.status != 200:
+                self._json(answer.status, {"error": {"message": answer.error, "type": "fake_error"}})
+                return
+            texts = body["input"] if isinstance(body["input"], list) else [body["input"]]
+            data = [{"object": "embedding", "index": i, "embedding": _vector(t)} for i, t in enumerate(texts)]
+            tokens = sum(len(t.split()) for t in texts)
+            usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+            self._json(200, {"object": "list", "data": data, "model": body.get("model", ""), "usage": usage})
 
         def _json(self, status: int, payload: dict[str, Any]) -> None:
             data = json.dumps(payload).encode()
@@ -212,6 +242,13 @@ def _handler_for(fake: FakeLLM) -> type[BaseHTTPRequestHandler]:
             self.close_connection = True
 
     return Handler
+
+
+def _vector(text: str) -> list[float]:
+    digest = b"".join(
+        hashlib.sha256(f"{i}:{text}".encode()).digest() for i in range(EMBEDDING_DIMENSIONS // 32)
+    )
+    return [byte / 255 - 0.5 for byte in digest]
 
 
 def _usage(answer: Scripted) -> dict[str, int]:

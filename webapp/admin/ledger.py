@@ -34,6 +34,7 @@ from webapp.models.memories import (
 )
 from webapp.search.terms import Match
 from webapp.timeutil import utcnow
+from webapp.web import health
 from webapp.web.auth import admin_required, owned_or_404
 from webapp.web.fragments import fragment_requested, page_or_fragment
 
@@ -163,6 +164,7 @@ def _full_context(agent: Agent, form: AddForm) -> dict[str, Any]:
         "next_run": next_run,
         "registered": registered,
         "kinds": KINDS,
+        "search_mode": health.check_search().detail,
     }
 
 

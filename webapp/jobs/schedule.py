@@ -18,6 +18,8 @@ from webapp.jobs.queue import redis_connection, rq_queue
 warnings.filterwarnings("ignore", category=FutureWarning, module="rq_scheduler.utils")
 
 HOURLY = "0 * * * *"
+HOURLY_AT_15 = "15 * * * *"  # apart from the hourly consolidation, which keeps the background queue busy
+HOURLY_AT_30 = "30 * * * *"
 DAILY_0300_UTC = "0 3 * * *"
 WEEKLY_MONDAY_0400_UTC = "0 4 * * 1"
 ID_PREFIX = "cairn-"
@@ -34,6 +36,8 @@ SCHEDULES = [
     Schedule(f"{ID_PREFIX}consolidate", HOURLY, "webapp.jobs.consolidation.consolidate_stale_chats"),
     Schedule(f"{ID_PREFIX}reflect", DAILY_0300_UTC, "webapp.jobs.reflection.reflect_all"),
     Schedule(f"{ID_PREFIX}refine", WEEKLY_MONDAY_0400_UTC, "webapp.jobs.refinement.refine_due"),
+    Schedule(f"{ID_PREFIX}term-stats", HOURLY_AT_30, "webapp.jobs.term_stats.refresh_term_stats"),
+    Schedule(f"{ID_PREFIX}embed", HOURLY_AT_15, "webapp.jobs.embeddings.queue_waiting"),
 ]
 
 

@@ -32,32 +32,51 @@ def message_text(message: Message, before: Message | None, after: Message | None
 
 
 def index_memories(ids: list[int]) -> int:
-    """Write (or remove) the vectors of these memories; returns how many were written."""
+    """Write (or remove) the vectors of these memories; returns how many were written. Embeds first and writes
+    after, so no write lock waits on the embedder; each agent's memories are one call in its cost ledger."""
     memories = list(db.session.scalars(sa.select(AgentMemory).where(AgentMemory.id.in_(ids))))
     active = [m for m in memories if m.is_active]
+    embedded = [
+        (
+            [(m.id, m.agent_id) for m in group],
+            embedder.embed([memory_text(m) for m in group], agent_id=agent_id),
+        )
+        for agent_id, group in _by_owner(active, "agent_id")
+    ]
     backend().delete_vectors("memory", [i for i in ids if i not in {m.id for m in active}])
-    if active:
-        vectors = embedder.embed([memory_text(m) for m in active], agent_id=active[0].agent_id)
-        _store("memory", [(m.id, m.agent_id) for m in active], vectors)
+    for rows, vectors in embedded:
+        _store("memory", rows, vectors)
     return len(active)
 
 
 def index_messages(ids: list[int]) -> int:
     """Write (or remove) the vectors of these messages, and write again that of the turn before each (its
-    text holds the turn after it); returns how many were written."""
+    text holds the turn after it); returns how many were written. Embeds first, one call per chat."""
     gone = set(ids)
     wanted = _readable(ids)
     wanted += _readable([before for before in _next_to(wanted, before=True).values() if before not in ids])
     gone -= {m.id for m in wanted}
-    backend().delete_vectors("message", list(gone))
+    embedded = []
     if wanted:
         before, after = _next_to(wanted, before=True), _next_to(wanted, before=False)
         loaded = {m.id: m for m in _readable([*before.values(), *after.values()])}
-        texts = [message_text(m, loaded.get(before.get(m.id)), loaded.get(after.get(m.id))) for m in wanted]
-        _store(
-            "message", [(m.id, m.chat_id) for m in wanted], embedder.embed(texts, chat_id=wanted[0].chat_id)
-        )
+        for chat_id, group in _by_owner(wanted, "chat_id"):
+            texts = [
+                message_text(m, loaded.get(before.get(m.id)), loaded.get(after.get(m.id))) for m in group
+            ]
+            embedded.append(([(m.id, m.chat_id) for m in group], embedder.embed(texts, chat_id=chat_id)))
+    backend().delete_vectors("message", list(gone))
+    for rows, vectors in embedded:
+        _store("message", rows, vectors)
     return len(wanted)
+
+
+def _by_owner(rows: list, owner: str) -> list[tuple[int, list]]:
+    """The rows grouped by their owner's id (an agent's memories, a chat's messages), in order of first row."""
+    groups: dict[int, list] = {}
+    for row in rows:
+        groups.setdefault(getattr(row, owner), []).append(row)
+    return list(groups.items())
 
 
 def _readable(ids: list[int]) -> list[Message]:

@@ -1,4 +1,5 @@
 """GET /healthz: the state of every component, the banner naming a part that is down, and `flask check`'s probes.
+Admins also see how search finds (words and meaning, or words only and why), which never makes it 503.
 
 The report is taken at most once per CACHE_SECONDS per web process (so no visitor can make Cairn call the model
 endpoint on every request); anyone gets a plain status with 200 or 503 (for load balancers), signed-in admins
@@ -19,9 +20,14 @@ from redis.exceptions import RedisError
 from rq import Worker
 from sqlalchemy.engine import make_url
 
+from webapp import search
 from webapp.extensions import db
+from webapp.jobs import embeddings
 from webapp.jobs.queue import redis_connection, worker_queues
 from webapp.jobs.schedule import scheduler_alive
+from webapp.models import LlmCall
+from webapp.models.search import EmbeddingQueue
+from webapp.search import embedder
 from webapp.timeutil import utcnow
 
 bp = Blueprint("health", __name__)
@@ -30,6 +36,7 @@ CACHE_SECONDS = 5
 # last heartbeat is older than this is dead (RQ itself keeps a killed worker registered for minutes).
 WORKER_TTL_SECONDS = 30
 WORKER_SILENT_AFTER = timedelta(seconds=75)
+WAITING_COUNTED = 10_000  # embedding_queue rows counted at most, so a long backlog costs no long count
 
 # What a user is told on every page while a component is down.
 PROBLEMS = {
@@ -115,6 +122,43 @@ def check_llm() -> Check:
     return Check(True, f"{url} serves {', '.join(models[:5]) or 'no listed models'}")
 
 
+def check_search() -> Check:
+    """How search finds: by words and meaning, or by words only and why. Search works either way, so this part
+    never makes /healthz 503; ok is whether meaning is searched too. A few small queries, like the database's
+    check, so it is taken on each admin view rather than cached."""
+    try:
+        return _search_mode()
+    except sa.exc.SQLAlchemyError as e:
+        db.session.rollback()
+        return Check(False, f"unknown: cannot ask the database ({e.__class__.__name__}: {_first_line(e)})")
+
+
+def _search_mode() -> Check:
+    if not search.backend().vectors_available():
+        return Check(False, f"words only: {embeddings.no_vectors_reason()}")
+    last = db.session.execute(
+        sa.select(LlmCall.status, LlmCall.error)
+        .where(LlmCall.purpose == "embedding")
+        .order_by(LlmCall.id.desc())
+        .limit(1)
+    ).first()
+    if last is not None and last.status == "error":
+        error = last.error or "no reason given"
+        return Check(False, f"words only: {error[:1].lower()}{error[1:]}")
+    detail = f"words and meaning ({embedder.model_name()})"
+    queued = sa.select(sa.literal(1)).select_from(EmbeddingQueue).limit(WAITING_COUNTED + 1).subquery()
+    waiting = db.session.scalar(sa.select(sa.func.count()).select_from(queued))
+    if waiting > WAITING_COUNTED:
+        detail += f"; more than {WAITING_COUNTED:,} memories and messages wait for their vectors"
+    elif waiting:
+        detail += f"; {waiting:,} " + (
+            "memory or message waits for its vector"
+            if waiting == 1
+            else "memories and messages wait for their vectors"
+        )
+    return Check(True, detail)
+
+
 def _first_line(error: Exception) -> str:
     return str(error).strip().splitlines()[0] if str(error).strip() else ""
 
@@ -180,6 +224,7 @@ def healthz() -> ResponseReturnValue:
     ok = all(c.ok for c in checks.values())
     body = {"status": "ok" if ok else "degraded"}
     if current_user.is_authenticated and current_user.is_admin:
+        checks["search"] = check_search()  # after the status: search still works by words alone
         body["checks"] = {k: asdict(v) for k, v in checks.items()}
     return jsonify(body), 200 if ok else 503
 
