@@ -345,7 +345,8 @@ def test_retry_after_a_failure_mid_chat_creates_no_duplicates(app, group_chat, a
     assert [r["model"] for r in fake_llm.requests] == ["basil-model"]
     assert _memories(ada) == [("journal", "Ada's fact")] and _memories(basil) == [("journal", "Basil's fact")]
     assert db.session.get(Chat, group_chat.id).last_consolidated_message_id == last_id
-    assert [r.status for r in db.session.scalars(sa.select(JobRun).order_by(JobRun.id))] == ["failed", "done"]
+    runs = sa.select(JobRun).where(JobRun.job_type == "consolidate").order_by(JobRun.id)
+    assert [r.status for r in db.session.scalars(runs)] == ["failed", "done"]
 
 
 def test_a_crash_after_some_chunks_resumes_after_the_last_saved_chunk(
@@ -485,7 +486,7 @@ def test_an_html_body_fails_the_agent_retryably_and_never_crashes_the_job(group_
 
     assert raised.value.retryable and "not a completion" in str(raised.value)
     assert _cursor(group_chat, ada) is None and _memories(basil) == [("journal", "Basil's fact")]
-    run = db.session.scalar(sa.select(JobRun))
+    run = db.session.scalar(sa.select(JobRun).where(JobRun.job_type == "consolidate"))
     assert run.status == "failed" and "JSONDecodeError" not in run.error
     statuses = db.session.scalars(sa.select(LlmCall.status).order_by(LlmCall.model))
     assert sorted(statuses) == ["error", "ok"]
@@ -498,7 +499,7 @@ def test_a_failed_run_records_what_the_other_agents_did(group_chat, ada, basil, 
     with pytest.raises(LLMError) as raised:
         consolidate_chat(group_chat.id)
 
-    run = db.session.scalar(sa.select(JobRun))
+    run = db.session.scalar(sa.select(JobRun).where(JobRun.job_type == "consolidate"))
     assert run.status == "failed" and run.error == str(raised.value)
     assert run.error.startswith("1 of 2 agents failed (Ada: The model's server answered with something")
     assert "Sign in to the proxy" in run.error
@@ -521,7 +522,7 @@ def test_a_second_consolidation_of_a_chat_is_not_queued_while_one_waits_or_runs(
     assert enqueue(consolidate_chat, group_chat.id) is not None
     assert enqueue(consolidate_chat, group_chat.id, True) is None  # queued: the click follows that one
     db.session.commit()
-    run = db.session.scalar(sa.select(JobRun))
+    run = db.session.scalar(sa.select(JobRun).where(JobRun.job_type == "consolidate"))
     run.status = "running"
     db.session.commit()
     assert enqueue(consolidate_chat, group_chat.id) is None  # running

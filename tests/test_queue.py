@@ -204,7 +204,7 @@ def test_replies_have_their_own_queue_served_before_background_work(app, fake_ll
     SimpleWorker(worker_queues(), connection=app.extensions["redis"]).work(burst=True)
 
     finished = sorted(_runs(), key=lambda r: r.finished_at)
-    assert [r.job_type for r in finished if r.job_type != "summarize"] == ["reply", "sample"]
+    assert [r.job_type for r in finished if r.job_type in ("reply", "sample")] == ["reply", "sample"]
 
 
 # Each job kind runs under a time limit that fits it, not RQ's default of 180 seconds for all

@@ -186,7 +186,9 @@ def test_an_html_body_is_a_retryable_model_error_not_a_crash(agent, journal, fak
 
     assert raised.value.retryable and _count(agent, "core") == 0
     assert db.session.scalar(sa.select(LlmCall.status)) == "error"
-    assert "not a completion" in db.session.scalar(sa.select(JobRun.error))
+    assert "not a completion" in db.session.scalar(
+        sa.select(JobRun.error).where(JobRun.job_type == "reflect")
+    )
 
 
 def test_one_reflection_per_agent_at_a_time(agent):

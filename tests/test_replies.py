@@ -192,7 +192,7 @@ def test_a_model_error_marks_the_reply_failed_with_its_reason(app, fake_llm, cha
     assert reply.status == "failed"
     assert reply.error == "The model returned HTTP 400: model not found"
     assert reply.content == ""  # partial text is never kept as an answer
-    run = db.session.scalar(sa.select(JobRun))
+    run = db.session.scalar(sa.select(JobRun).where(JobRun.job_type == "reply"))
     assert run.status == "failed"
 
 
@@ -466,7 +466,9 @@ def test_a_reply_whose_worker_dies_twice_fails_with_a_working_retry(app, chat, a
 
     [reply] = _pending(chat, ada)
     for attempt in range(2):  # each time a worker takes the run, then dies with it (kill -9)
-        run = db.session.scalar(sa.select(JobRun).where(JobRun.status == "queued"))
+        run = db.session.scalar(
+            sa.select(JobRun).where(JobRun.job_type == "reply", JobRun.status == "queued")
+        )
         run.status, reply.status = "running", "streaming"
         db.session.commit()
         sweep()
@@ -506,7 +508,8 @@ def test_a_reply_stopped_at_its_time_limit_fails_with_a_working_retry(
     assert (run.status, run.error) == ("failed", timed_out)
     job.refresh()
     assert job.get_status() == JobStatus.FAILED  # not retried by RQ: the person decides
-    [call] = db.session.scalars(sa.select(LlmCall)).all()  # the request it cut off is in the ledger
+    # the request it cut off is in the ledger
+    [call] = db.session.scalars(sa.select(LlmCall).where(LlmCall.purpose == "reply")).all()
     assert call.status == "error" and "JobTimeoutException" in call.error
 
     client.post("/login", data={"email": admin.email, "password": factories.PASSWORD})

@@ -199,7 +199,7 @@ def test_the_job_summarizes_the_last_ten_messages_with_identity_first(app, fake_
     assert membership.agent_summary_generated_at == utcnow()
     call = db.session.scalar(sa.select(LlmCall))
     assert (call.purpose, call.agent_id, call.chat_id, call.status) == ("summarize", ada.id, chat.id, "ok")
-    run = db.session.scalar(sa.select(JobRun))
+    run = db.session.scalar(sa.select(JobRun).where(JobRun.job_type == "summarize"))
     assert (run.job_type, run.status, run.target, run.account_id) == (
         "summarize",
         "done",
@@ -271,7 +271,7 @@ def test_an_llm_failure_keeps_the_old_summary_and_is_logged_and_recorded(
     membership = _membership(chat, ada)
     assert (membership.agent_summary, membership.agent_summary_generated_at) == ("Still true.", earlier)
     assert f"Agent summary failed for chat={chat.id} agent={ada.id}" in caplog.text
-    run = db.session.scalar(sa.select(JobRun))
+    run = db.session.scalar(sa.select(JobRun).where(JobRun.job_type == "summarize"))
     assert (run.status, run.error) == ("failed", "The model returned HTTP 400: model not found")
     call = db.session.scalar(sa.select(LlmCall))
     assert (call.purpose, call.status) == ("summarize", "error")
@@ -290,7 +290,9 @@ def test_a_failing_summary_job_fails_quietly_in_the_worker(app, fake_llm, admin,
     SimpleWorker([rq_queue()], connection=app.extensions["redis"]).work(burst=True)
 
     assert _membership(chat, ada).agent_summary == "Still true."
-    assert [r.status for r in db.session.scalars(sa.select(JobRun))] == ["failed"]
+    assert [
+        r.status for r in db.session.scalars(sa.select(JobRun).where(JobRun.job_type == "summarize"))
+    ] == ["failed"]
 
 
 def test_an_empty_answer_keeps_the_old_summary(app, fake_llm, admin, ada):
@@ -335,7 +337,7 @@ def test_four_agents_with_fresh_summaries_enqueue_no_job_on_a_new_message(client
     response = client.post(f"/chats/{chat.id}/messages", data={"content": "Thoughts, anyone?"})
 
     assert response.status_code == 200
-    assert rq_queue().count == 0
+    assert [j for j in rq_queue().get_jobs() if j.func_name.endswith(".summarize")] == []
 
 
 def test_a_finished_reply_enqueues_summaries_for_stale_agents(app, fake_llm, admin, ada, basil):
@@ -394,7 +396,7 @@ def test_backfill_for_one_agent_inline(runner, fake_llm, backfill_chats, ada, ba
     assert "1 missing summaries: 1 generated, 0 skipped, 0 failed." in result.output
     assert _membership(backfill_chats, basil).agent_summary == "Basil's view."
     assert _membership(backfill_chats, ada).agent_summary is None
-    assert rq_queue().count == 0
+    assert [j for j in rq_queue().get_jobs() if j.func_name.endswith(".summarize")] == []
 
 
 def test_backfill_inline_counts_failures_and_goes_on(runner, fake_llm, backfill_chats, ada, basil):
