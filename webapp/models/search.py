@@ -41,4 +41,4 @@ class SearchTableStats(db.Model):
 
     table_name: Mapped[str] = mapped_column(sa.String(40), primary_key=True)
     docs: Mapped[int]
-    mean_length: Mapped[float]
+    mean_length: Mapped[float] = mapped_column(sa.Float)

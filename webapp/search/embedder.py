@@ -96,6 +96,8 @@ class LocalEmbedder:
         self.tokenizer.enable_padding()
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = 2
+        # Threads that spin waiting for work took the CPU from the rest of a busy worker (bench.prompt_memory).
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.session = onnxruntime.InferenceSession(
             _checked(_onnx_bytes(), ONNX_SHA256, "model.onnx"), options, providers=["CPUExecutionProvider"]
         )
