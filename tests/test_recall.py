@@ -262,7 +262,9 @@ def test_search_by_meaning_never_reaches_another_agent_or_a_foreign_conversation
 
 def test_with_the_embedder_down_recall_answers_by_words(app, chat, ada):
     _index(factories.memory(ada, "The greenhouse key hangs by the door."))
-    app.config.update(EMBEDDING_BASE_URL="http://127.0.0.1:9/v1", EMBEDDING_MODEL="all-MiniLM-L6-v2 (local, int8)")
+    app.config.update(
+        EMBEDDING_BASE_URL="http://127.0.0.1:9/v1", EMBEDDING_MODEL="all-MiniLM-L6-v2 (local, int8)"
+    )
 
     hits = _recall(ada, chat, "greenhouse key")["results"]
 

@@ -25,9 +25,7 @@ def create_app(test_config: dict | None = None) -> Flask:
     app.config.from_mapping(config.load(app.instance_path))
     if test_config:
         app.config.from_mapping(test_config)
-    app.config.setdefault(
-        "SQLALCHEMY_ENGINE_OPTIONS", config.engine_options(app.config)
-    )
+    app.config.setdefault("SQLALCHEMY_ENGINE_OPTIONS", config.engine_options(app.config))
     config.validate(app.config)
 
     db.init_app(app)
