@@ -146,8 +146,8 @@ def test_a_second_signal_stops_the_worker_at_once_and_its_reply_is_picked_up_aga
     start_worker(threads=1)  # its sweep finds the cut run once its lock lapses, and queues the reply again
     wait_for(lambda: _fresh(reply).status == "done", 60, "the reply to be picked up again")
     assert _fresh(reply).content == "Here after all."
-    runs = db.session.scalars(sa.select(JobRun).where(JobRun.job_type == "reply").order_by(JobRun.id)).all()
-    assert [r.status for r in runs] == ["interrupted", "done"]
+    # The reply commits its text before its run records itself done (and the commit also queues its embedding).
+    wait_for(lambda: _reply_runs() == ["interrupted", "done"], 10, "the second run to be recorded done")
 
 
 def test_a_reply_on_a_worker_thread_is_stopped_at_its_time_limit(app, fake_llm, admin, monkeypatch):
@@ -177,3 +177,10 @@ def test_a_reply_on_a_worker_thread_is_stopped_at_its_time_limit(app, fake_llm, 
     assert job.get_status() == JobStatus.FAILED
     [call] = db.session.scalars(sa.select(LlmCall)).all()
     assert call.status == "error"
+
+
+def _reply_runs() -> list[str]:
+    db.session.rollback()  # read what the worker has committed since
+    return list(
+        db.session.scalars(sa.select(JobRun.status).where(JobRun.job_type == "reply").order_by(JobRun.id))
+    )
