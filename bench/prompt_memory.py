@@ -101,14 +101,12 @@ def _load_vectors(agent, rng: np.random.Generator) -> None:
     backend.ensure_vector_tables(DIMENSIONS)
     db.session.commit()
     model = embedder.model_name()
-    sqlite = db.engine.dialect.name == "sqlite"
     rows = db.session.execute(sa.select(AgentMemory.id, AgentMemory.agent_id).order_by(AgentMemory.id)).all()
     for start in range(0, len(rows), BATCH):
         batch = rows[start : start + BATCH]
         vectors = rng.standard_normal((len(batch), DIMENSIONS)).astype(np.float32)
         vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-        stored = [v.tobytes() for v in vectors] if sqlite else vectors.tolist()
-        backend.store_vectors("memory", [(i, o, model, v) for (i, o), v in zip(batch, stored, strict=True)])
+        backend.store_vectors("memory", [(i, o, model, v) for (i, o), v in zip(batch, vectors, strict=True)])
         db.session.commit()
     mine = db.session.scalars(
         sa.select(AgentMemory.id).where(AgentMemory.agent_id == agent.id).order_by(AgentMemory.id.desc())

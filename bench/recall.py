@@ -121,7 +121,6 @@ def _load_vectors(rng: np.random.Generator) -> None:
     search.backend().ensure_vector_tables(DIMENSIONS)
     db.session.commit()
     model = embedder.model_name()
-    sqlite = db.engine.dialect.name == "sqlite"
     for kind, model_class, owner in (
         ("memory", AgentMemory, AgentMemory.agent_id),
         ("message", Message, Message.chat_id),
@@ -131,9 +130,8 @@ def _load_vectors(rng: np.random.Generator) -> None:
             batch = rows[start : start + BATCH]
             vectors = rng.standard_normal((len(batch), DIMENSIONS)).astype(np.float32)
             vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-            stored = [v.tobytes() for v in vectors] if sqlite else vectors.tolist()
             search.backend().store_vectors(
-                kind, [(i, o, model, v) for (i, o), v in zip(batch, stored, strict=True)]
+                kind, [(i, o, model, v) for (i, o), v in zip(batch, vectors, strict=True)]
             )
             db.session.commit()
 

@@ -30,6 +30,7 @@ DENSE_WEIGHT = 1.0  # of the vector list's z-scores against the word list's
 MIN_SIMILARITY = 0.25  # a row found by meaning alone must be at least this close (cosine)
 TURNS_BEFORE, TURNS_AFTER = 2, 1  # shown around a message found
 READABLE_ROLES = ("user", "assistant")
+READABLE = (Message.status == "done", Message.role.in_(READABLE_ROLES))  # the turns a search may show
 
 
 @dataclass
@@ -85,7 +86,7 @@ def memories(
     dense = []
     if vector is not None:
         owners = sa.select(sa.literal(agent_id))
-        nearest = backend().nearest("memory", embedder.model_name(), _stored(vector), owners, CANDIDATES)
+        nearest = backend().nearest("memory", embedder.model_name(), vector, owners, CANDIDATES)
         dense = _within_scope(AgentMemory, nearest, scope)
     ids = fuse(lexical, dense, k)
     found = {m.id: m for m in db.session.scalars(sa.select(AgentMemory).where(AgentMemory.id.in_(ids)))}
@@ -96,16 +97,11 @@ def messages(
     chats: sa.Select, text: str, k: int, *scope: sa.ColumnElement[bool], vector: np.ndarray | None = None
 ) -> list[Excerpt]:
     """Excerpts of the chats (a query of chat ids) around the readable messages that best match text."""
-    readable = (
-        Message.chat_id.in_(chats),
-        Message.status == "done",
-        Message.role.in_(READABLE_ROLES),
-        *scope,
-    )
+    readable = (Message.chat_id.in_(chats), *READABLE, *scope)
     lexical = _lexical(Message, text, readable)
     dense = []
     if vector is not None:
-        nearest = backend().nearest("message", embedder.model_name(), _stored(vector), chats, CANDIDATES)
+        nearest = backend().nearest("message", embedder.model_name(), vector, chats, CANDIDATES)
         dense = _within_scope(Message, nearest, readable)
     return excerpts(fuse(lexical, dense, k))
 
@@ -129,15 +125,12 @@ def _within_scope(model: type, nearest: list[tuple[int, float]], scope: tuple) -
     return [(i, 1.0 - distance) for i, distance in nearest if i in admitted]
 
 
-def _stored(vector: np.ndarray) -> object:
-    return vector.astype(np.float32).tobytes() if db.engine.dialect.name == "sqlite" else vector.tolist()
-
-
 def fuse(lexical: list[tuple[int, float]], dense: list[tuple[int, float]], k: int) -> list[int]:
     """The k best ids of two ranked lists: each list's scores as z-scores, the vector list's weighted by
     DENSE_WEIGHT, a row missing from a list scoring that list's lowest. Rows found by meaning alone must be
     MIN_SIMILARITY close."""
-    dense = [(i, s) for i, s in dense if s >= MIN_SIMILARITY or i in dict(lexical)]
+    found_by_words = {i for i, _ in lexical}
+    dense = [(i, s) for i, s in dense if s >= MIN_SIMILARITY or i in found_by_words]
     lexical_z, dense_z = _z_scores(lexical), _z_scores(dense)
     floor_lexical = min(lexical_z.values(), default=0.0)
     floor_dense = min(dense_z.values(), default=0.0)
@@ -197,12 +190,7 @@ def _neighbour_ids(found: list[Message]) -> list[int]:
 
 
 def _around() -> sa.CompoundSelect:
-    readable = (
-        Message.chat_id == sa.bindparam("chat_id"),
-        Message.status == "done",
-        Message.role.in_(READABLE_ROLES),
-    )
-    same_chat = sa.select(Message.id).where(*readable)
+    same_chat = sa.select(Message.id).where(Message.chat_id == sa.bindparam("chat_id"), *READABLE)
     before = same_chat.where(Message.id < sa.bindparam("id")).order_by(Message.id.desc()).limit(TURNS_BEFORE)
     after = same_chat.where(Message.id > sa.bindparam("id")).order_by(Message.id).limit(TURNS_AFTER)
     return sa.union_all(before.subquery().select(), after.subquery().select())

@@ -12,9 +12,10 @@ from sqlalchemy.orm import joinedload
 
 from webapp.extensions import db
 from webapp.models import AgentMemory, Message
-from webapp.search import READABLE_ROLES, backend, embedder
+from webapp.search import READABLE as SHOWN
+from webapp.search import backend, embedder
 
-READABLE = (Message.status == "done", Message.role.in_(READABLE_ROLES), Message.content != "")
+READABLE = (*SHOWN, Message.content != "")  # the turns a search may show, with text to embed
 
 TURN_CHARS = 600  # of a message in its embedded text (the local model reads 256 tokens at most)
 NEIGHBOUR_CHARS = 240  # of each turn next to it
@@ -111,5 +112,4 @@ def _store(kind: str, rows: list[tuple[int, int]], vectors) -> None:
     search = backend()
     search.ensure_vector_tables(vectors.shape[1])
     model = embedder.model_name()
-    stored = [v.tobytes() for v in vectors] if db.engine.dialect.name == "sqlite" else vectors.tolist()
-    search.store_vectors(kind, [(i, owner, model, v) for (i, owner), v in zip(rows, stored, strict=True)])
+    search.store_vectors(kind, [(i, owner, model, v) for (i, owner), v in zip(rows, vectors, strict=True)])

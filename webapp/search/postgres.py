@@ -19,6 +19,7 @@ and the exact scan of the scope took 50 ms. The tables need the pgvector extensi
 
 import math
 
+import numpy as np
 import sqlalchemy as sa
 
 from webapp.extensions import db
@@ -147,7 +148,7 @@ def vector_dimensions() -> int | None:
     )
 
 
-def store_vectors(kind: str, rows: list[tuple[int, int, str, list[float]]]) -> None:
+def store_vectors(kind: str, rows: list[tuple[int, int, str, np.ndarray]]) -> None:
     """(id, owner id, model, vector) rows; a row already there is replaced."""
     table, key, owner, _rows = VECTOR_TABLES[kind]
     db.session.execute(
@@ -167,7 +168,7 @@ def delete_vectors(kind: str, ids: list[int]) -> None:
         db.session.execute(sa.text(f"DELETE FROM {table} WHERE {key} = ANY(:ids)"), {"ids": list(ids)})
 
 
-def nearest(kind: str, model: str, vector: list[float], owners: sa.Select, k: int) -> list[tuple[int, float]]:
+def nearest(kind: str, model: str, vector: np.ndarray, owners: sa.Select, k: int) -> list[tuple[int, float]]:
     """(id, cosine distance) of the k nearest vectors of this model among the owners', nearest first. The
     nearest RESCORED * k by the Hamming distance of their sign bits come from an index-only scan of the
     owners' range, then are ranked by their exact distance."""
@@ -189,5 +190,5 @@ def nearest(kind: str, model: str, vector: list[float], owners: sa.Select, k: in
     return [(row[0], row[1]) for row in rows]
 
 
-def _literal(vector: list[float]) -> str:
+def _literal(vector: np.ndarray) -> str:
     return "[" + ",".join(f"{x:.7g}" for x in vector) + "]"

@@ -13,6 +13,7 @@ plain scan of the float vectors. They need the sqlite-vec extension loaded on ea
 (webapp.extensions); without it, search is by words only.
 """
 
+import numpy as np
 import sqlalchemy as sa
 
 from webapp.extensions import db
@@ -84,15 +85,15 @@ def vector_dimensions() -> int | None:
     )
 
 
-def store_vectors(kind: str, rows: list[tuple[int, int, str, bytes]]) -> None:
-    """(id, owner id, model, float32 bytes) rows; a row already there is replaced."""
+def store_vectors(kind: str, rows: list[tuple[int, int, str, np.ndarray]]) -> None:
+    """(id, owner id, model, vector) rows; a row already there is replaced."""
     table, key, owner = VECTOR_TABLES[kind]
     db.session.execute(
         sa.text(
             f"INSERT OR REPLACE INTO {table}({key}, {owner}, model, bits, embedding) "
             "VALUES (:id, :owner, :model, vec_quantize_binary(:v), :v)"
         ),
-        [{"id": i, "owner": o, "model": m, "v": v} for i, o, m, v in rows],
+        [{"id": i, "owner": o, "model": m, "v": _blob(v)} for i, o, m, v in rows],
     )
 
 
@@ -104,7 +105,7 @@ def delete_vectors(kind: str, ids: list[int]) -> None:
         )
 
 
-def nearest(kind: str, model: str, vector: bytes, owners: sa.Select, k: int) -> list[tuple[int, float]]:
+def nearest(kind: str, model: str, vector: np.ndarray, owners: sa.Select, k: int) -> list[tuple[int, float]]:
     """(id, cosine distance) of the k nearest vectors of this model among the owners' (an agent's memories, or
     the messages of some chats), nearest first. The nearest RESCORED * k by the Hamming distance of their
     sign bits are read from the owners' range of a covering index, then ranked by their exact distance."""
@@ -112,15 +113,22 @@ def nearest(kind: str, model: str, vector: bytes, owners: sa.Select, k: int) -> 
     table = sa.table(
         name, sa.column(key), sa.column(owner), sa.column("model"), sa.column("bits"), sa.column("embedding")
     )
-    by_bits = sa.func.vec_distance_hamming(sa.func.vec_bit(table.c.bits), sa.func.vec_quantize_binary(vector))
+    by_bits = sa.func.vec_distance_hamming(
+        sa.func.vec_bit(table.c.bits), sa.func.vec_quantize_binary(_blob(vector))
+    )
     candidates = (
         sa.select(table.c[key])
         .where(table.c[owner].in_(owners), table.c.model == model)
         .order_by(by_bits)
         .limit(RESCORED * k)
     )
-    distance = sa.func.vec_distance_cosine(table.c.embedding, vector).label("distance")
+    distance = sa.func.vec_distance_cosine(table.c.embedding, _blob(vector)).label("distance")
     statement = (
         sa.select(table.c[key], distance).where(table.c[key].in_(candidates)).order_by(distance).limit(k)
     )
     return [(row[0], row[1]) for row in db.session.execute(statement)]
+
+
+def _blob(vector: np.ndarray) -> bytes:
+    """A vector as sqlite-vec reads it: float32 bytes."""
+    return np.asarray(vector, dtype=np.float32).tobytes()
