@@ -1,7 +1,7 @@
 """Small builders for test data."""
 
 from webapp.extensions import db
-from webapp.models import Account, Agent, AgentMemory, Chat, ChatAgent, Message, User
+from webapp.models import Account, Agent, AgentMemory, Chat, ChatAgent, ChatPerson, Message, User
 
 PASSWORD = "correct horse battery"
 
@@ -30,14 +30,28 @@ def agent(acct: Account, name: str = "Ada", **fields) -> Agent:
     return row
 
 
-def chat(acct: Account, agents: list[Agent], title: str = "", manual: bool | None = None) -> Chat:
+def chat(
+    acct: Account, agents: list[Agent], title: str = "", manual: bool | None = None, people: list[User] = ()
+) -> Chat:
+    """A chat of the agents: private to `people` (the first started it) when given, else shared with the
+    account (as every chat made before chats had people)."""
     row = Chat(
-        account_id=acct.id, title=title, manual_responses=len(agents) > 1 if manual is None else manual
+        account_id=acct.id,
+        title=title,
+        manual_responses=len(agents) > 1 if manual is None else manual,
+        visibility="private" if people else "shared",
+        started_by_id=people[0].id if people else None,
+        chat_people=[ChatPerson(user_id=p.id) for p in people],
     )
     row.chat_agents = [ChatAgent(agent=a) for a in agents]
     db.session.add(row)
     db.session.commit()
     return row
+
+
+def add_person(chat_row: Chat, person: User) -> None:
+    db.session.add(ChatPerson(chat_id=chat_row.id, user_id=person.id))
+    db.session.commit()
 
 
 def message(chat_row: Chat, content: str, *, author: User | Agent | None = None, **fields) -> Message:

@@ -3,7 +3,7 @@
 from webapp.models.accounts import Account, User, UserSession
 from webapp.models.agents import Agent
 from webapp.models.audit import AuditLog
-from webapp.models.chats import Chat, ChatAgent, Message
+from webapp.models.chats import Chat, ChatAgent, ChatPerson, Message
 from webapp.models.memories import AgentMemory, ReplySources
 from webapp.models.runs import JobRun, LlmCall
 from webapp.models.search import EmbeddingQueue, SearchTableStats, SearchTermStats
@@ -15,6 +15,7 @@ __all__ = [
     "AuditLog",
     "Chat",
     "ChatAgent",
+    "ChatPerson",
     "EmbeddingQueue",
     "JobRun",
     "LlmCall",

@@ -42,6 +42,8 @@ class User(UserMixin, db.Model):
         sa.Enum(*ROLES, name="user_role", native_enum=False, create_constraint=True), default="member"
     )
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # Removed from the account by an admin: cannot sign in; their private chats are kept (for export), unseen.
+    removed_at: Mapped[datetime | None]
 
     account: Mapped[Account] = relationship(back_populates="users")
 

@@ -105,7 +105,7 @@ def undo(row: AuditLog, *, user_id: int | None, via: str, session_id: str | None
     after = row.data.get("after")
     if memory is None or after is None or row.auditable_type != "AgentMemory":
         raise UndoConflict("This change cannot be undone.")
-    if memory.snapshot() != after:
+    if not memory.matches_snapshot(after):
         raise UndoConflict("The memory has changed since; undo the later change first.")
     before = memory.snapshot()
     memory.apply_snapshot(row.data.get("before") or _gone(after))
@@ -135,7 +135,7 @@ def rollback_session(session_id: str, *, user_id: int | None, via: str) -> int:
         memory = db.session.get(AgentMemory, row.auditable_id)
         if memory is None:  # memories are never hard-deleted by Cairn; nothing to restore if one was
             continue
-        if memory.snapshot() != row.data["after"]:
+        if not memory.matches_snapshot(row.data["after"]):
             raise UndoConflict(f"Memory #{memory.id} has changed since this session; undo that change first.")
         before = memory.snapshot()
         memory.apply_snapshot(row.data.get("before") or _gone(row.data["after"]))

@@ -10,6 +10,7 @@ from webapp.models import public_ids
 from webapp.models.agents import Agent
 from webapp.timeutil import utcnow
 
+CHAT_VISIBILITIES = ("private", "shared")  # private: its people only; shared: everyone of the account
 MESSAGE_ROLES = ("user", "assistant", "system", "tool")
 MESSAGE_STATUSES = ("pending", "streaming", "done", "failed")
 SUMMARY_COOLDOWN = timedelta(minutes=5)  # spec 003: at most one summary per agent and chat in this time
@@ -24,6 +25,13 @@ class Chat(db.Model):
     id: Mapped[int] = mapped_column(primary_key=True)
     account_id: Mapped[int] = mapped_column(sa.ForeignKey("accounts.id"))
     title: Mapped[str] = mapped_column(sa.String(200), default="")
+    # Who may read it (webapp.models.access): its people only, or everyone of the account.
+    visibility: Mapped[str] = mapped_column(
+        sa.Enum(*CHAT_VISIBILITIES, name="chat_visibility", native_enum=False, create_constraint=True),
+        default="private",
+    )
+    # Who started it; None for the chats made before chats had people.
+    started_by_id: Mapped[int | None] = mapped_column(sa.ForeignKey("users.id"))
     # True for a group chat: agents answer only when asked.
     manual_responses: Mapped[bool] = mapped_column(default=False)
     discarded_at: Mapped[datetime | None]
@@ -46,11 +54,18 @@ class Chat(db.Model):
     agents: Mapped[list[Agent]] = relationship(
         secondary="chat_agents", order_by="ChatAgent.id", viewonly=True
     )
+    chat_people: Mapped[list["ChatPerson"]] = relationship(
+        back_populates="chat", order_by="ChatPerson.created_at", cascade="all, delete-orphan"
+    )
 
     @property
     def display_title(self) -> str:
         """The title people see in the app (models see model_title)."""
         return self.title or f"Conversation {self.id}"
+
+    @property
+    def is_private(self) -> bool:
+        return self.visibility == "private"
 
     @property
     def is_discarded(self) -> bool:
@@ -89,6 +104,21 @@ class Chat(db.Model):
         db.session.add(message)
         self.last_message_at = utcnow()
         return message
+
+
+class ChatPerson(db.Model):
+    """A person of a chat: who started it, or was added to it. A private chat is read by its people only."""
+
+    __tablename__ = "chat_people"
+    __table_args__ = (sa.Index("ix_chat_people_user_id", "user_id"),)
+
+    chat_id: Mapped[int] = mapped_column(sa.ForeignKey("chats.id", ondelete="CASCADE"), primary_key=True)
+    user_id: Mapped[int] = mapped_column(sa.ForeignKey("users.id"), primary_key=True)
+    added_by_id: Mapped[int | None] = mapped_column(sa.ForeignKey("users.id"))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    chat: Mapped[Chat] = relationship(back_populates="chat_people")
+    user: Mapped["User"] = relationship(foreign_keys=[user_id])  # noqa: F821
 
 
 class ChatAgent(db.Model):

@@ -16,6 +16,9 @@ from webapp.timeutil import utcnow
 from webapp.tokens import count_tokens
 
 MEMORY_TYPES = ("journal", "core")
+# Who may hear a memory (webapp.models.access): whoever may read the chat it came from now, or everyone of the
+# account (an admin's ledger entry, or one an admin widened).
+AUDIENCES = ("chat", "everyone")
 MAX_CONTENT_CHARS = 10_000
 JOURNAL_WINDOW = timedelta(days=7)
 # What a listed memory costs beyond its own tokens: the bullet, the date and the line break.
@@ -44,6 +47,7 @@ class AgentMemory(db.Model):
         sa.Index(
             "ix_agent_memories_agent_id_memory_type_created_at", "agent_id", "memory_type", "created_at"
         ),
+        sa.CheckConstraint("audience = 'everyone' OR chat_id IS NOT NULL", name="audience_chat"),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -53,6 +57,12 @@ class AgentMemory(db.Model):
         sa.Enum(*MEMORY_TYPES, name="memory_type", native_enum=False, create_constraint=True)
     )
     constitutional: Mapped[bool] = mapped_column(default=False, index=True)
+    # The conversation it came from (None: an admin's entry, or from before memories had an audience).
+    chat_id: Mapped[int | None] = mapped_column(sa.ForeignKey("chats.id"), index=True)
+    audience: Mapped[str] = mapped_column(
+        sa.Enum(*AUDIENCES, name="memory_audience", native_enum=False, create_constraint=True),
+        default=lambda context: "chat" if context.get_current_parameters().get("chat_id") else "everyone",
+    )
     deleted_at: Mapped[datetime | None] = mapped_column(index=True)
     content_hash: Mapped[str | None] = mapped_column(sa.String(64), index=True)
     token_estimate: Mapped[int | None]
@@ -137,13 +147,20 @@ class AgentMemory(db.Model):
             "memory_type": self.memory_type,
             "constitutional": self.constitutional,
             "deleted_at": self.deleted_at.isoformat() if self.deleted_at else None,
+            "audience": self.audience,
         }
+
+    def matches_snapshot(self, snapshot: dict[str, Any]) -> bool:
+        """The memory is as the snapshot describes it (in what it records: older audit rows have no audience)."""
+        current = self.snapshot()
+        return all(current[key] == value for key, value in snapshot.items() if key in current)
 
     def apply_snapshot(self, snapshot: dict[str, Any]) -> None:
         """Put the memory back exactly as a snapshot describes it (flags first, so deletion is allowed)."""
         self.constitutional = snapshot["constitutional"]
         self.content = snapshot["content"]
         self.memory_type = snapshot["memory_type"]
+        self.audience = snapshot.get("audience", self.audience)  # rows audited before audiences have none
         deleted_at = snapshot["deleted_at"]
         self.deleted_at = datetime.fromisoformat(deleted_at) if deleted_at else None
 

@@ -1,0 +1,88 @@
+"""Who may read a chat, and who may hear what came from one: the one rule every route, search, prompt, summary
+and job goes through. Each function returns SQL conditions, so the rule runs inside the query that reads the
+rows: a page, a budget or a top-k is never filled with rows that are then dropped.
+
+A chat is *private* to its people (who started it and who was added) or *shared* with everyone of its account.
+What came from a chat (its messages, the agents' summaries of it, the memories made from it) may be heard only
+where everyone present may read that chat. Present in a private chat: its people; in a shared chat: anyone of
+the account, so there only what everyone may read is heard. A person added to a chat hears what it holds, as
+they can read it; a chat made shared makes its memories heard account-wide, and made private again narrows them
+back. Memories with the audience "everyone" (an admin's entries, or widened by one) are heard everywhere.
+"""
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+
+from webapp.extensions import db
+from webapp.models.accounts import User
+from webapp.models.chats import Chat, ChatPerson
+from webapp.models.memories import AgentMemory
+
+
+def people_of(chat: Chat) -> list[int]:
+    """The ids of a chat's people, in the order they joined."""
+    return list(
+        db.session.scalars(
+            sa.select(ChatPerson.user_id).where(ChatPerson.chat_id == chat.id).order_by(ChatPerson.created_at)
+        )
+    )
+
+
+def present(chat: Chat) -> list[int] | None:
+    """Who may be listening in a chat: the ids of a private chat's people; None for a shared chat (anyone of
+    the account)."""
+    return people_of(chat) if chat.is_private else None
+
+
+def chats_read_by(account_id: int, people: Sequence[int] | None) -> sa.ColumnElement[bool]:
+    """Condition on Chat: the chats of the account that every one of `people` may read (None: anyone of the
+    account, so the shared chats only). No people: no chat."""
+    shared = Chat.visibility == "shared"
+    if people is None:
+        return sa.and_(Chat.account_id == account_id, shared)
+    if not people:
+        return sa.false()
+    each_a_person = [
+        sa.exists().where(ChatPerson.chat_id == Chat.id, ChatPerson.user_id == person) for person in people
+    ]
+    return sa.and_(Chat.account_id == account_id, sa.or_(shared, sa.and_(*each_a_person)))
+
+
+def readable_chats(user: User) -> sa.ColumnElement[bool]:
+    """Condition on Chat: the chats this person may read (admins too: they manage agents and memory, they do not
+    read other people's private chats)."""
+    return chats_read_by(user.account_id, [user.id])
+
+
+def chats_heard_in(chat: Chat) -> sa.ColumnElement[bool]:
+    """Condition on Chat: the chats whose words may be used in `chat`: itself, and those everyone present there
+    may read."""
+    return sa.or_(Chat.id == chat.id, chats_read_by(chat.account_id, present(chat)))
+
+
+def memories_heard(chats: sa.ColumnElement[bool]) -> sa.ColumnElement[bool]:
+    """Condition on AgentMemory: the memories for everyone, and those from the chats that `chats` (a condition on
+    Chat) admits."""
+    return sa.or_(
+        AgentMemory.audience == "everyone",
+        AgentMemory.chat_id.in_(sa.select(Chat.id).where(chats)),
+    )
+
+
+def memories_heard_in(chat: Chat) -> sa.ColumnElement[bool]:
+    """Condition on AgentMemory: what an agent may use in `chat` (its prompt, recall, the member memory view)."""
+    return memories_heard(chats_heard_in(chat))
+
+
+def memories_heard_by(user: User) -> sa.ColumnElement[bool]:
+    """Condition on AgentMemory: what this person may hear outside any chat (a client of the API or MCP)."""
+    return memories_heard(readable_chats(user))
+
+
+def same_audience(first: AgentMemory, second: AgentMemory) -> bool:
+    """Two memories may become one (reflection, refinement) only when the same people may hear them."""
+    return (first.audience, first.chat_id if first.audience == "chat" else None) == (
+        second.audience,
+        second.chat_id if second.audience == "chat" else None,
+    )
