@@ -13,7 +13,7 @@ from webapp.jobs import schedule
 from webapp.jobs.ping import ping
 from webapp.jobs.queue import enqueue, wait_for_redis
 from webapp.models import Account, Agent, User
-from webapp.models.accounts import password_problem
+from webapp.models.accounts import PersonChangeRefused, password_problem
 from webapp.web.health import check_database, check_llm, check_redis
 
 schedule_cli = AppGroup("schedule", help="Recurring jobs in rq-scheduler.")
@@ -95,6 +95,37 @@ def users_create(email: str, password: str, admin: bool, account_name: str | Non
     db.session.add(user)
     db.session.commit()
     click.echo(f"Created {user.role} {email} in account {account.name!r}.")
+
+
+@users_cli.command("list")
+def users_list() -> None:
+    """Show everyone who may sign in, and those removed, account by account."""
+    rows = db.session.execute(
+        sa.select(User, Account.name)
+        .join(Account)
+        .order_by(Account.name, User.removed_at.is_not(None), User.email)
+    )
+    for user, account_name in rows:
+        state = f"removed {user.removed_at:%Y-%m-%d}" if user.is_removed else ""
+        state = state or ("invited" if not user.has_password else "")
+        click.echo(
+            f"{user.email}  {user.role}  {user.display_name!r}  account {account_name!r}  {state}".rstrip()
+        )
+
+
+@users_cli.command("remove")
+@click.argument("email")
+def users_remove(email: str) -> None:
+    """Remove the user who signs in with EMAIL: every sign-in ends now; their chats are kept."""
+    user = db.session.scalar(sa.select(User).where(User.email == email.strip().lower()))
+    if user is None:
+        sys.exit(f"No user signs in with {email}.")
+    try:
+        user.remove(by=None)
+    except PersonChangeRefused as refusal:
+        sys.exit(str(refusal))
+    db.session.commit()
+    click.echo(f"Removed {user.email}: signed out everywhere; their chats are kept.")
 
 
 def _account(name: str | None) -> Account:

@@ -2,10 +2,12 @@ import functools
 import hashlib
 import secrets
 from datetime import datetime
+from typing import NamedTuple
 
 import sqlalchemy as sa
 from flask import current_app
 from flask_login import UserMixin
+from itsdangerous import BadData, URLSafeTimedSerializer
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 from werkzeug.security import check_password_hash, generate_password_hash
 from zxcvbn import zxcvbn
@@ -17,6 +19,22 @@ ROLES = ("admin", "member")
 PASSWORD_MIN_CHARS = 8
 PASSWORD_MAX_CHARS = 200
 MAX_NAME_CHARS = 60
+INVITE_DAYS = 7  # how long a sign-in link for a new person works (once)
+# A password_hash starting with this is no password at all: an invited person who has not chosen one yet. What
+# follows it changes with every new sign-in link, which voids the links made before.
+NO_PASSWORD = "!"
+
+
+class PersonName(NamedTuple):
+    """All a member may know of another person of the account: who they are called."""
+
+    id: int
+    name: str
+
+
+class PersonChangeRefused(ValueError):
+    """A change to a person that an admin may not make: to their own role or account, or one that would leave
+    the account without an admin."""
 
 
 class Account(db.Model):
@@ -27,6 +45,14 @@ class Account(db.Model):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     users: Mapped[list["User"]] = relationship(back_populates="account")
+
+    def people_names(self) -> list[PersonName]:
+        """The account's people who are not removed, by name (to add them to a chat): no e-mail, no role."""
+        rows = db.session.execute(
+            sa.select(User.id, User.name, User.email).where(User.active_in(self.id)).order_by(User.id)
+        )
+        people = [PersonName(id, name or email.split("@")[0]) for id, name, email in rows]
+        return sorted(people, key=lambda person: person.name.casefold())
 
 
 class User(UserMixin, db.Model):
@@ -61,6 +87,20 @@ class User(UserMixin, db.Model):
         return self.role == "admin"
 
     @property
+    def is_removed(self) -> bool:
+        return self.removed_at is not None
+
+    @property
+    def has_password(self) -> bool:
+        """False for an invited person who has not chosen a password yet."""
+        return bool(self.password_hash) and not self.password_hash.startswith(NO_PASSWORD)
+
+    @classmethod
+    def active_in(cls, account_id: int) -> sa.ColumnElement[bool]:
+        """Condition on User: the people of the account who have not been removed from it."""
+        return sa.and_(cls.account_id == account_id, cls.removed_at.is_(None))
+
+    @property
     def display_name(self) -> str:
         """The name the person chose, or else their e-mail's local part."""
         return self.name or self.email.split("@")[0]
@@ -69,12 +109,18 @@ class User(UserMixin, db.Model):
         self.password_hash = generate_password_hash(password)
 
     def check_password(self, password: str) -> bool:
+        if not self.has_password:  # no password matches, at the cost of checking one
+            check_password_hash(_unknown_user_hash(), password)
+            return False
         return check_password_hash(self.password_hash, password)
 
     @classmethod
     def authenticate(cls, email: str, password: str) -> "User | None":
-        """The user with this email and password, at the same hashing cost whether the email exists or not."""
-        user = db.session.scalar(sa.select(cls).where(cls.email == email.strip().lower()))
+        """The user with this email and password, at the same hashing cost whether the email exists or not; a
+        removed person is not found."""
+        user = db.session.scalar(
+            sa.select(cls).where(cls.email == email.strip().lower(), cls.removed_at.is_(None))
+        )
         if user is None:
             check_password_hash(_unknown_user_hash(), password)
             return None
@@ -115,10 +161,76 @@ class User(UserMixin, db.Model):
             sa.select(cls)
             .join(UserSession, UserSession.user_id == cls.id)
             .where(UserSession.token_hash == _digest(token), UserSession.created_at > oldest)
+            .where(cls.removed_at.is_(None))
         )
         if user is not None:
             user.session_token = token
         return user
+
+    def invite(self) -> str:
+        """A new sign-in link's token for choosing a password: it works once, for INVITE_DAYS, and only while
+        the person has no password; any earlier link stops working."""
+        if self.has_password:
+            raise PersonChangeRefused(f"{self.display_name} has chosen a password already.")
+        self.password_hash = NO_PASSWORD + secrets.token_urlsafe(16)
+        db.session.flush()  # the id the token names
+        return _invites().dumps([self.id, _digest(self.password_hash)])
+
+    @classmethod
+    def for_invite(cls, token: str) -> "User | None":
+        """The person a sign-in link was made for, while it still works (not used, replaced, expired or its
+        person removed), else None."""
+        try:
+            user_id, fingerprint = _invites().loads(token, max_age=INVITE_DAYS * 24 * 3600)
+        except (BadData, TypeError, ValueError):
+            return None
+        user = db.session.scalar(sa.select(cls).where(cls.id == user_id, cls.removed_at.is_(None)))
+        if user is None or user.has_password or _digest(user.password_hash) != fingerprint:
+            return None
+        return user
+
+    def change_role(self, role: str, *, by: "User | None") -> None:
+        """Make this person an admin or a member; `by` (the admin acting; None: the command line) cannot change
+        their own role, and the account keeps an admin."""
+        if role not in ROLES:
+            raise ValueError(f"unknown role {role!r}")
+        if role == self.role:
+            return
+        if by is self:
+            raise PersonChangeRefused("You cannot change your own role; another admin can.")
+        self._keep_an_admin()
+        self.role = role
+
+    def remove(self, *, by: "User | None") -> None:
+        """Take this person out of the account: each of their sign-ins ends now and no new one starts. Nothing
+        of theirs is deleted (their private chats are kept, unseen by others)."""
+        if by is self:
+            raise PersonChangeRefused("You cannot remove yourself; another admin can.")
+        if self.is_removed:
+            return
+        self._keep_an_admin()
+        self.removed_at = utcnow()
+        self.end_all_sessions()
+
+    def restore(self) -> None:
+        """Take a removed person back: they sign in as before (an invited one needs a new sign-in link)."""
+        self.removed_at = None
+
+    def _keep_an_admin(self) -> None:
+        """Refuse to take away the account's last admin. The account's row is locked first, so two admins
+        demoting each other at the same moment cannot both succeed (PostgreSQL)."""
+        if not self.is_admin or self.is_removed:
+            return
+        db.session.execute(sa.select(Account.id).where(Account.id == self.account_id).with_for_update())
+        others = db.session.scalar(
+            sa.select(sa.func.count())
+            .select_from(User)
+            .where(User.active_in(self.account_id), User.role == "admin", User.id != self.id)
+        )
+        if not others:
+            raise PersonChangeRefused(
+                f"{self.display_name} is the account's only admin: make someone else an admin first."
+            )
 
 
 class UserSession(db.Model):
@@ -136,6 +248,10 @@ class UserSession(db.Model):
 
 def _digest(token: str | None) -> str:
     return hashlib.sha256((token or "").encode()).hexdigest()
+
+
+def _invites() -> URLSafeTimedSerializer:
+    return URLSafeTimedSerializer(current_app.config["SECRET_KEY"], salt="cairn-invite")
 
 
 @functools.cache
