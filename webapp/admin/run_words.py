@@ -1,5 +1,8 @@
 """Job runs in words a person reads: what kind of job ran, what it worked on (the chat and agent by name,
-linked) and what went wrong, instead of job types, targets like `messages:10,11` and exception names."""
+linked) and what went wrong, instead of job types, targets like `messages:10,11` and exception names.
+
+Admins manage agents and memory; they do not read members' private chats: a run on a chat the viewer may not
+read (webapp.models.access) says that a private chat was worked on, not its title, and does not link it."""
 
 import re
 from collections.abc import Iterable
@@ -14,7 +17,7 @@ from sqlalchemy.orm import load_only
 from webapp.admin.common import bp
 from webapp.extensions import db
 from webapp.jobs.queue import target_ids
-from webapp.models import Agent, Chat, JobRun, Message
+from webapp.models import Agent, Chat, JobRun, Message, access
 
 JOB_NAMES = {
     "reply": "Reply",
@@ -30,6 +33,7 @@ JOB_NAMES = {
 }
 GONE = "a chat no longer here"
 GONE_ALL = "no longer here"
+PRIVATE = "a private chat"  # someone else's: that it exists is shown, not its title
 # "ReplyFailed: replies failed: 8, 9" (the reply job's error); "module.SomeError: message" (any other exception)
 _REPLIES_FAILED = re.compile(r"^(?:\w+\.)*ReplyFailed: replies failed: ([\d, ]+)$")
 _TIMED_OUT = re.compile(r"^(?:\w+\.)*JobTimeoutException: .*?(\(\d+ seconds\))?$", re.S)
@@ -89,10 +93,7 @@ def worked_on(runs: list[JobRun]) -> dict[int, list[Named]]:
         messages = {row.id: row for row in db.session.execute(query)}
     chat_ids = _ids(targets, "chat") | {row.chat_id for row in messages.values()}
     agent_ids = _ids(targets, "agent") | {row.agent_id for row in messages.values() if row.agent_id}
-    chats = {
-        chat.id: Named(chat.display_title, url_for("chats.show", chat_id=chat.id))
-        for chat in _of_account(Chat, Chat.title, chat_ids)
-    }
+    chats = _chats_named(chat_ids)
     agents = {
         agent.id: Named(agent.name, url_for("agents.edit", agent_id=agent.id))
         for agent in _of_account(Agent, Agent.name, agent_ids)
@@ -100,7 +101,7 @@ def worked_on(runs: list[JobRun]) -> dict[int, list[Named]]:
     return {run.id: _run_named(run.target, messages, chats, agents) for run in runs}
 
 
-def _of_account(model: type[Chat | Agent], name: Any, ids: set[int]) -> list[Any]:
+def _of_account(model: type[Agent], name: Any, ids: set[int]) -> list[Any]:
     """The signed-in account's rows among ids, with only their id and name loaded (no query without ids)."""
     if not ids:
         return []
@@ -108,6 +109,25 @@ def _of_account(model: type[Chat | Agent], name: Any, ids: set[int]) -> list[Any
     return list(
         db.session.scalars(query.where(model.id.in_(ids), model.account_id == current_user.account_id))
     )
+
+
+def _chats_named(ids: set[int]) -> dict[int, Named]:
+    """The account's chats among ids by the title people see, linked; those the viewer may not read only as
+    "a private chat" (one query, none without ids)."""
+    if not ids:
+        return {}
+    readable = sa.case((access.readable_chats(current_user), True), else_=False)
+    query = (
+        sa.select(Chat, readable)
+        .options(load_only(Chat.id, Chat.title))
+        .where(Chat.id.in_(ids), Chat.account_id == current_user.account_id)
+    )
+    return {
+        chat.id: Named(chat.display_title, url_for("chats.show", chat_id=chat.id))
+        if may_read
+        else Named(PRIVATE)
+        for chat, may_read in db.session.execute(query)
+    }
 
 
 def _run_named(

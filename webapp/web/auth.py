@@ -1,7 +1,8 @@
-"""Sign-in and the access rules every view uses: signed in, within the user's account, admin where needed."""
+"""Sign-in and the access rules every view uses: signed in, within the user's account, admin where needed, and
+only the chats the person may read (webapp.models.access)."""
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TypeVar
 from urllib.parse import urlsplit
 
@@ -15,7 +16,7 @@ from wtforms import EmailField, PasswordField, StringField
 from wtforms.validators import DataRequired, EqualTo, InputRequired, Length, ValidationError
 
 from webapp.extensions import DATABASE_ID_MAX, db, limiter, login_manager
-from webapp.models import Agent, User
+from webapp.models import Agent, Chat, User, access
 from webapp.models.accounts import MAX_NAME_CHARS, password_problem
 from webapp.web import guards
 
@@ -191,7 +192,10 @@ def admin_required(view: Callable[..., ResponseReturnValue]) -> Callable[..., Re
 
 
 def owned_or_404(model: type[M], object_id: int) -> M:
-    """The row of `model` with this id in the signed-in user's account; anything else is a 404."""
+    """The row of `model` with this id in the signed-in user's account; anything else is a 404. Not for chats:
+    an account's chat may be someone else's private one (readable_chat_or_404)."""
+    if model is Chat:
+        raise TypeError("a chat is found with readable_chat_or_404, which applies the access rule")
     if not 0 < object_id <= DATABASE_ID_MAX:
         abort(404)
     row = db.session.scalar(
@@ -200,3 +204,26 @@ def owned_or_404(model: type[M], object_id: int) -> M:
     if row is None:
         abort(404)
     return row
+
+
+def readable_chat_or_404(chat_id: int) -> Chat:
+    """The chat with this id if the signed-in person may read it (webapp.models.access: a shared chat of their
+    account, or a private one they are a person of). Anything else is a 404, the same whether the chat does not
+    exist, is another account's or is someone else's private chat: every route that takes a chat or message id
+    starts here, so a chat one may not read is not found and nothing changes."""
+    if not 0 < chat_id <= DATABASE_ID_MAX:
+        abort(404)
+    chat = db.session.scalar(sa.select(Chat).where(Chat.id == chat_id, access.readable_chats(current_user)))
+    if chat is None:
+        abort(404)
+    return chat
+
+
+def readable_chat_ids(chat_ids: Iterable[int | None]) -> set[int]:
+    """Those of these chat ids that the signed-in person may read (one query; none without ids): what a page
+    may name or link when it mentions other chats (a reply's sources, a borrowed-context chip)."""
+    wanted = {i for i in chat_ids if i is not None and 0 < i <= DATABASE_ID_MAX}
+    if not wanted:
+        return set()
+    query = sa.select(Chat.id).where(Chat.id.in_(wanted), access.readable_chats(current_user))
+    return set(db.session.scalars(query))

@@ -1,6 +1,13 @@
-"""Chats: the list, creating and governing chats, the chat page, sending messages, triggers and live replies."""
+"""Chats: the list, creating and governing chats, the chat page, sending messages, triggers and live replies.
 
+Every route that takes a chat or message id finds the chat with readable_chat_or_404 (webapp.models.access): a
+chat the person may not read is a 404 and nothing changes. A new chat is private to whoever started it; its people
+may share it with the account, make it private again and add the account's people to it.
+"""
+
+import time
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -10,6 +17,8 @@ from flask import (
     Response,
     abort,
     current_app,
+    flash,
+    g,
     redirect,
     render_template,
     request,
@@ -20,18 +29,18 @@ from flask.typing import ResponseReturnValue
 from flask_login import current_user, login_required
 from flask_wtf import FlaskForm
 from sqlalchemy.orm import joinedload, selectinload
-from wtforms import SelectMultipleField, StringField, TextAreaField, widgets
+from wtforms import SelectField, SelectMultipleField, StringField, TextAreaField, widgets
 from wtforms.validators import DataRequired, Length, ValidationError
 
 from webapp import events
 from webapp.extensions import db
 from webapp.jobs.followups import after_new_message
 from webapp.jobs.replies import request_replies, retry_refusal, retry_reply, stop_reply
-from webapp.models import Agent, AuditLog, Chat, ChatAgent, Message
-from webapp.models.chats import other_conversations
+from webapp.models import Agent, AuditLog, Chat, ChatAgent, ChatPerson, Message, User, access
+from webapp.models.chats import CHAT_VISIBILITIES, other_conversations
 from webapp.prompting.build import prompt_memory
 from webapp.timeutil import utcnow
-from webapp.web.auth import owned_or_404
+from webapp.web.auth import owned_or_404, readable_chat_ids, readable_chat_or_404
 from webapp.web.fragments import fragment_requested, page_or_fragment
 from webapp.web.guards import replies_limit
 from webapp.web.markdown import render_markdown
@@ -40,6 +49,7 @@ bp = Blueprint("chats", __name__, url_prefix="/chats")
 
 STUCK_AFTER = timedelta(minutes=10)  # a reply this long unfinished lost its worker; offer a retry
 STREAM_SECONDS = 300  # browsers reconnect after this, so no connection lives forever
+STREAM_RECHECK_SECONDS = 5  # an open stream asks again whether its person may still read the chat
 MEMORY_DOC_MAX_CHARS = 100_000
 
 
@@ -52,6 +62,14 @@ class ChatForm(FlaskForm):
         widget=widgets.ListWidget(prefix_label=False),
         option_widget=widgets.CheckboxInput(),
     )
+
+
+class VisibilityForm(FlaskForm):
+    visibility = SelectField("Who can read this chat", choices=CHAT_VISIBILITIES)
+
+
+class PersonForm(FlaskForm):
+    user_id = SelectField("Add a person", coerce=int, validate_choice=True)
 
 
 class MessageForm(FlaskForm):
@@ -86,11 +104,12 @@ class ChatRow:
 
 
 def _chat_rows(discarded: bool = False, limit: int | None = None) -> list[ChatRow]:
-    """The account's chats, most recently active first, each with its last finished message (two queries)."""
+    """The chats the person may read, most recently active first, each with its last finished message (two
+    queries)."""
     query = (
         sa.select(Chat)
         .options(selectinload(Chat.agents))
-        .where(Chat.account_id == current_user.account_id)
+        .where(access.readable_chats(current_user))
         .where(Chat.discarded_at.is_not(None) if discarded else Chat.discarded_at.is_(None))
         .order_by(Chat.last_message_at.desc(), Chat.id.desc())
         .limit(limit)
@@ -123,7 +142,7 @@ def _account_agents() -> list[Agent]:
 @bp.get("/")
 @login_required
 def index() -> ResponseReturnValue:
-    """The account's chats, most recently active first (or the discarded ones)."""
+    """The chats the person may read, most recently active first (or the discarded ones)."""
     discarded = request.args.get("discarded") == "1"
     rows = _chat_rows(discarded)
     has_agents = bool(_account_agents())
@@ -139,7 +158,8 @@ def index() -> ResponseReturnValue:
 @bp.route("/new", methods=["GET", "POST"])
 @login_required
 def new() -> ResponseReturnValue:
-    """Start a chat with one agent (it answers every message) or several (they answer when asked)."""
+    """Start a chat with one agent (it answers every message) or several (they answer when asked); it is private
+    to whoever started it until they share it or add people."""
     form = ChatForm()
     form.agent_ids.choices = [(a.id, a.name) for a in _account_agents()]
     if request.method == "GET":
@@ -151,7 +171,13 @@ def new() -> ResponseReturnValue:
         )
     if form.validate_on_submit():
         chosen = [a for a in _account_agents() if a.id in form.agent_ids.data]
-        chat = Chat(account_id=current_user.account_id, title=(form.title.data or "").strip())
+        chat = Chat(
+            account_id=current_user.account_id,
+            title=(form.title.data or "").strip(),
+            visibility="private",
+            started_by_id=current_user.id,
+            chat_people=[ChatPerson(user_id=current_user.id, added_by_id=current_user.id)],
+        )
         chat.manual_responses = len(chosen) > 1
         chat.chat_agents = [ChatAgent(agent=agent) for agent in chosen]
         db.session.add(chat)
@@ -173,14 +199,41 @@ def _page_of_messages(chat: Chat, before: int | None) -> tuple[list[Message], bo
     if before is not None:
         query = query.where(Message.id < before)
     newest_first = db.session.scalars(query).all()
+    _learn_which_chats_readable(newest_first)
     return newest_first[:per_page][::-1], len(newest_first) > per_page
+
+
+def _chats_mentioned(message: Message) -> set[int]:
+    """The other chats a message names or links: its borrowed-context chip and its reply's sources."""
+    ids = {step.get("chat_id") for step in message.tools_used or [] if isinstance(step, dict)}
+    if message.sources is not None:
+        sources = message.sources
+        ids |= {*sources.summary_chat_ids, *sources.recalled_chat_ids, sources.borrowed_chat_id}
+    return {i for i in ids if isinstance(i, int)}
+
+
+def _learn_which_chats_readable(messages: Iterable[Message]) -> None:
+    """Find out in one query which of the chats these messages mention the person may read (may_open_chat)."""
+    known = g.setdefault("readable_mentioned", {})
+    unknown = set().union(*(_chats_mentioned(m) for m in messages)) - known.keys()
+    readable = readable_chat_ids(unknown)
+    known.update({chat_id: chat_id in readable for chat_id in unknown})
+
+
+@bp.app_template_global()
+def may_open_chat(chat_id: int) -> bool:
+    """Whether a message may name and link another chat it mentions: only one the viewer may read."""
+    known = g.setdefault("readable_mentioned", {})
+    if chat_id not in known:
+        known[chat_id] = bool(readable_chat_ids([chat_id]))
+    return known[chat_id]
 
 
 @bp.get("/<int:chat_id>")
 @login_required
 def show(chat_id: int) -> ResponseReturnValue:
     """The chat page: the latest messages, the composer, the trigger bar and the agents' other conversations."""
-    chat = owned_or_404(Chat, chat_id)
+    chat = readable_chat_or_404(chat_id)
     if fragment_requested("cross-conversations"):
         context = dict(chat=chat, **_panel(chat))
     elif fragment_requested("side-list"):
@@ -194,6 +247,7 @@ def show(chat_id: int) -> ResponseReturnValue:
             in_chat = {a.id for a in chat.agents}
             addable = [a for a in _account_agents() if a.id not in in_chat]
             context.update(addable=addable, sidebar=_chat_rows(limit=SIDEBAR_CHATS), **_panel(chat))
+            context.update(_people_panel(chat))
     fragments = {
         "cross-conversations": "chats/_cross_conversations.html",
         "messages": "chats/_messages.html",
@@ -223,7 +277,12 @@ def _panel(chat: Chat) -> dict:
         .order_by(ChatAgent.id)
     ).all()
     others = defaultdict(list)
-    query = other_conversations(current_user.account_id, [m.agent_id for m in memberships], chat.id)
+    # The summaries this chat's prompts may hold (everyone present may read their chats), and only chats the
+    # viewer may read: in the query, never filtered after its per-agent limit.
+    heard = sa.and_(access.chats_heard_in(chat), access.readable_chats(current_user))
+    query = other_conversations(
+        current_user.account_id, [m.agent_id for m in memberships], chat.id, heard=heard
+    )
     for row in db.session.scalars(query):
         others[row.agent_id].append(row)
     outlooks = [AgentOutlook(m, others[m.agent_id]) for m in memberships]
@@ -246,7 +305,7 @@ def ago(moment: datetime) -> str:
 @login_required
 def older(chat_id: int) -> ResponseReturnValue:
     """The page of messages before ?before=ID, for "Load older messages"."""
-    chat = owned_or_404(Chat, chat_id)
+    chat = readable_chat_or_404(chat_id)
     messages, has_older = _page_of_messages(chat, request.args.get("before", type=int))
     return render_template(
         "chats/_page.html", chat=chat, messages=messages, has_older=has_older, stuck_after=STUCK_AFTER
@@ -259,7 +318,7 @@ def message(chat_id: int, message_id: int) -> ResponseReturnValue:
     """One message; with ?shown=STATUS a 204 while it is still in the state the page shows, so an unfinished
     reply's page catches up on a change whose live event it missed (one sent before the reply was on the page,
     or while its stream was reconnecting)."""
-    chat = owned_or_404(Chat, chat_id)
+    chat = readable_chat_or_404(chat_id)
     found = _message_in(chat, message_id)
     if request.args.get("shown") == found.status:
         return "", 204
@@ -463,7 +522,7 @@ def agent_memory(chat_id: int, agent_id: int) -> ResponseReturnValue:
     that match the chat's latest messages, then its budget's worth of core memories and the journal of the last
     7 days) and how many did not fit. Members see what the agent's admin lets them (all of it, the core
     memories, or nothing); admins see all, with a link to the ledger."""
-    chat = owned_or_404(Chat, chat_id)
+    chat = readable_chat_or_404(chat_id)
     agent = next((a for a in chat.agents if a.id == agent_id), None)
     if agent is None:
         abort(404)
@@ -476,7 +535,7 @@ def agent_memory(chat_id: int, agent_id: int) -> ResponseReturnValue:
 @login_required
 def rename(chat_id: int) -> ResponseReturnValue:
     """Rename the chat in place."""
-    chat = owned_or_404(Chat, chat_id)
+    chat = readable_chat_or_404(chat_id)
     title = request.form.get("title", "").strip()
     if len(title) > 200:
         return _notice("A title has at most 200 characters.", 422)
@@ -504,7 +563,7 @@ def add_agent(chat_id: int) -> ResponseReturnValue:
 @login_required
 def memory_doc(chat_id: int) -> ResponseReturnValue:
     """The chat's conversation summary (spec 004): read it; admins edit it, and each edit is audited."""
-    chat = owned_or_404(Chat, chat_id)
+    chat = readable_chat_or_404(chat_id)
     if request.method == "GET":
         editing = bool(request.args.get("edit")) and current_user.is_admin
         return render_template("chats/_memory_doc.html", chat=chat, editing=editing)
@@ -527,7 +586,7 @@ def memory_doc(chat_id: int) -> ResponseReturnValue:
 @login_required
 def discard(chat_id: int) -> ResponseReturnValue:
     """Discard the chat (it can be restored)."""
-    chat = owned_or_404(Chat, chat_id)
+    chat = readable_chat_or_404(chat_id)
     chat.discarded_at = utcnow()
     db.session.commit()
     return redirect(url_for("chats.index"), code=303)
@@ -537,14 +596,129 @@ def discard(chat_id: int) -> ResponseReturnValue:
 @login_required
 def restore(chat_id: int) -> ResponseReturnValue:
     """Bring a discarded chat back."""
-    chat = owned_or_404(Chat, chat_id)
+    chat = readable_chat_or_404(chat_id)
     chat.discarded_at = None
     db.session.commit()
     return redirect(url_for("chats.show", chat_id=chat.id), code=303)
 
 
+@dataclass
+class PersonName:
+    """Someone of the account as a member may know them: who they are called."""
+
+    id: int
+    name: str
+
+
+def _account_people() -> list[PersonName]:
+    """The account's people who may be added to a chat (not removed), by name."""
+    users = db.session.scalars(
+        sa.select(User).where(User.account_id == current_user.account_id, User.removed_at.is_(None))
+    )
+    return sorted((PersonName(u.id, u.display_name) for u in users), key=lambda p: p.name.casefold())
+
+
+def _people_panel(chat: Chat) -> dict:
+    """The chat's people (who started it first), whether the viewer may govern the chat, and whom they may add
+    (two queries)."""
+    people = db.session.scalars(
+        sa.select(User)
+        .join(ChatPerson, ChatPerson.user_id == User.id)
+        .where(ChatPerson.chat_id == chat.id)
+        .order_by(ChatPerson.created_at, ChatPerson.user_id)
+    ).all()
+    governs = not people or current_user.id in {p.id for p in people}
+    addable = [p for p in _account_people() if p.id not in {q.id for q in people}] if governs else []
+    return {"people": people, "governs": governs, "addable_people": addable}
+
+
+def _governed(chat: Chat, *, join: bool = True) -> list[int]:
+    """The ids of the chat's people, if the signed-in person is one of them (else a 403): they may share the chat,
+    make it private and add or take out people. A chat from before chats had people has none; whoever governs
+    it first becomes its person (with `join`), so making it private never hides it from them too."""
+    people = access.people_of(chat)
+    if not people and join:
+        db.session.add(ChatPerson(chat_id=chat.id, user_id=current_user.id, added_by_id=current_user.id))
+        return [current_user.id]
+    if current_user.id not in people:
+        abort(403)
+    return people
+
+
+def _back_to(
+    chat: Chat, said: str, notice: str | None = None, *, to: str | None = None
+) -> ResponseReturnValue:
+    """Commit a change to the chat's people or visibility with a notice in the chat; back to the chat (or `to`)."""
+    posted = chat.add_message(role="system", content=notice, status="done") if notice else None
+    db.session.commit()
+    if posted:
+        _announce_new(chat, [posted])
+    flash(said)
+    return redirect(to or url_for("chats.show", chat_id=chat.id), code=303)
+
+
+@bp.post("/<int:chat_id>/visibility")
+@login_required
+def visibility(chat_id: int) -> ResponseReturnValue:
+    """Make the chat private (its people only) or shared (everyone of the account): any person of it may."""
+    chat = readable_chat_or_404(chat_id)
+    form = VisibilityForm()
+    if not form.validate():
+        abort(400)
+    wanted = form.visibility.data
+    if wanted == chat.visibility:  # the switch's current side: nothing to change
+        return redirect(url_for("chats.show", chat_id=chat.id), code=303)
+    _governed(chat)
+    chat.visibility = wanted
+    if chat.is_private:
+        said = "Private: only this chat's people can read it now."
+        notice = f"{current_user.display_name} made this chat private: only its people can read it."
+    else:
+        said = "Shared: everyone of the account can read this chat now."
+        notice = f"{current_user.display_name} shared this chat with everyone of the account."
+    return _back_to(chat, said, notice)
+
+
+@bp.post("/<int:chat_id>/people")
+@login_required
+def add_person(chat_id: int) -> ResponseReturnValue:
+    """Add one of the account's people (not a removed one) to the chat: they can read it, even while private."""
+    chat = readable_chat_or_404(chat_id)
+    people = _governed(chat)
+    form = PersonForm()
+    form.user_id.choices = [(p.id, p.name) for p in _account_people() if p.id not in people]
+    if not form.validate():
+        db.session.rollback()
+        return _back_to(chat, "That person cannot be added to this chat.")
+    db.session.add(ChatPerson(chat_id=chat.id, user_id=form.user_id.data, added_by_id=current_user.id))
+    name = dict(form.user_id.choices)[form.user_id.data]
+    notice = f"{current_user.display_name} added {name} to the conversation."
+    return _back_to(chat, f"{name} can read this chat now.", notice)
+
+
+@bp.post("/<int:chat_id>/people/<int:user_id>/remove")
+@login_required
+def remove_person(chat_id: int, user_id: int) -> ResponseReturnValue:
+    """Take a person out of the chat (or leave it): not whoever started it, and one person always stays."""
+    chat = readable_chat_or_404(chat_id)
+    people = _governed(chat, join=False)
+    if user_id not in people:
+        abort(404)
+    if user_id == chat.started_by_id:
+        return _back_to(chat, "Whoever started a chat stays in it.")
+    if len(people) == 1:
+        return _back_to(chat, "A chat keeps at least one person.")
+    person = db.session.get(User, user_id)
+    db.session.delete(db.session.get(ChatPerson, (chat.id, user_id)))
+    if user_id != current_user.id:
+        notice = f"{current_user.display_name} took {person.display_name} out of the conversation."
+        return _back_to(chat, f"{person.display_name} is no longer one of this chat's people.", notice)
+    gone = url_for("chats.index") if chat.is_private else None  # they may no longer read it
+    return _back_to(chat, f"You left “{chat.display_title}”.", f"{person.display_name} left.", to=gone)
+
+
 def _open_chat(chat_id: int) -> Chat:
-    chat = owned_or_404(Chat, chat_id)
+    chat = readable_chat_or_404(chat_id)
     if chat.is_discarded:
         abort(409, "This chat is discarded; restore it to continue.")
     return chat
@@ -553,8 +727,10 @@ def _open_chat(chat_id: int) -> Chat:
 @bp.get("/<int:chat_id>/stream")
 @login_required
 def stream(chat_id: int) -> ResponseReturnValue:
-    """Server-Sent Events for this chat: reply text as it streams, then each finished message."""
-    chat = owned_or_404(Chat, chat_id)
+    """Server-Sent Events for this chat: reply text as it streams, then each finished message. The stream ends
+    once its person may no longer read the chat (made private, or they were taken out of it); the browser's
+    reconnection is then a 404."""
+    chat = readable_chat_or_404(chat_id)
     seconds = max(1.0, min(request.args.get("seconds", STREAM_SECONDS, type=float), STREAM_SECONDS))
     keepalive = current_app.config["STREAM_KEEPALIVE_SECONDS"]
     release_slot = events.take_stream_slot(
@@ -567,7 +743,15 @@ def stream(chat_id: int) -> ResponseReturnValue:
     def generate():
         yield ": connected\n\n"
         streamed: dict[int, str] = {}  # each reply's text since its last "final" event
+        checked_at = time.monotonic()
         for event in events.listen(chat.id, seconds, keepalive):
+            # Asked before each message is sent, and every few seconds of streamed text (not while idle).
+            if event is not None and (
+                event["kind"] != "delta" or time.monotonic() - checked_at > STREAM_RECHECK_SECONDS
+            ):
+                if not _still_readable(chat):
+                    return
+                checked_at = time.monotonic()
             if event is None:
                 yield ": keepalive\n\n"
             elif event["kind"] == "delta":
@@ -587,7 +771,14 @@ def stream(chat_id: int) -> ResponseReturnValue:
     return response
 
 
+def _still_readable(chat: Chat) -> bool:
+    readable = bool(readable_chat_ids([chat.id]))
+    db.session.close()  # hold no database connection while waiting for the next event
+    return readable
+
+
 def _render_final(chat: Chat, message_id: int) -> str:
+    g.pop("readable_mentioned", None)  # which chats the viewer may read may have changed since the last event
     found = db.session.get(Message, message_id)  # a fresh transaction: sees what the worker just committed
     if found is None or found.chat_id != chat.id:
         db.session.close()
