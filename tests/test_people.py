@@ -5,6 +5,7 @@ import re
 
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.orm.attributes import set_committed_value
 
 from tests import factories
 from tests.conftest import Auth
@@ -38,7 +39,7 @@ def _page_of(html: str, email: str) -> str:
 
 
 def _link(page: str) -> str:
-    return re.search(r'id="sign-in-link" value="[^"]*(/welcome/[^"]+)"', page).group(1)
+    return re.search(r'id="sign-in-link"[^>]*>[^<]*(/welcome/[^<]+)</textarea>', page).group(1)
 
 
 def test_the_people_page_lists_everyone_of_the_account_and_no_one_else(client, auth, admin, member, stranger):
@@ -313,3 +314,31 @@ def test_the_command_line_lists_and_removes_people(runner, admin, member):
     last = runner.invoke(args=["users", "remove", "dana@example.com"])
     assert last.exit_code != 0 and "only admin" in last.output
     assert runner.invoke(args=["users", "remove", "nobody@example.com"]).exit_code != 0
+
+
+def test_failed_attempts_on_sign_in_links_are_limited_like_sign_ins(app, client):
+    app.config["RATE_LIMIT_LOGIN_PER_ADDRESS"] = "2 per minute"
+    form = {"password": NEW_PASSWORD, "confirm": NEW_PASSWORD}
+
+    answers = [client.post("/welcome/not-a-token", data=form).status_code for _ in range(3)]
+
+    assert answers == [404, 404, 429]
+    assert "Too many failed attempts." in client.post("/welcome/not-a-token", data=form).text
+
+
+def test_one_sign_in_link_used_twice_at_once_sets_one_password(admin):
+    sam = factories.user(admin.account, "sam@example.com", "member")
+    sam.password_hash = "!"
+    token = sam.invite()
+    db.session.commit()
+    read_by_both, sam_id = User.for_invite(token).password_hash, sam.id
+
+    assert sam.accept_invite(NEW_PASSWORD)
+    db.session.commit()
+    # The second request had read the person before the first one committed.
+    db.session.expunge_all()
+    late = db.session.get(User, sam_id)
+    set_committed_value(late, "password_hash", read_by_both)
+
+    assert not late.accept_invite("another fine passphrase")
+    assert late.check_password(NEW_PASSWORD)

@@ -189,6 +189,17 @@ class User(UserMixin, db.Model):
             return None
         return user
 
+    def accept_invite(self, password: str) -> bool:
+        """Set the password of a person found by for_invite; False if their link was used (or replaced) since.
+        The update is conditional, so two uses of one link at the same moment cannot both succeed."""
+        done = db.session.execute(
+            sa.update(User)
+            .where(User.id == self.id, User.password_hash == self.password_hash)
+            .values(password_hash=generate_password_hash(password))
+        )
+        db.session.refresh(self)
+        return done.rowcount == 1
+
     def change_role(self, role: str, *, by: "User | None") -> None:
         """Make this person an admin or a member; `by` (the admin acting; None: the command line) cannot change
         their own role, and the account keeps an admin."""

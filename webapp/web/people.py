@@ -22,11 +22,11 @@ bp = Blueprint("people", __name__)
 
 class PersonForm(NameForm):
     name = StringField(
-        "Name (others see it on their messages; empty: the e-mail's first part)",
+        "Name",
         validators=[Length(max=MAX_NAME_CHARS)],
     )
     email = EmailField(
-        "E-mail (they sign in with it)",
+        "E-mail",
         filters=[lambda text: (text or "").strip().lower()],
         validators=[
             DataRequired(),
@@ -43,7 +43,7 @@ class PersonForm(NameForm):
         default="member",
     )
     password = PasswordField(
-        "Password (empty: you get a sign-in link for them to choose their own)",
+        "Password (optional)",
         render_kw={"autocomplete": "new-password"},
     )
 
@@ -117,7 +117,9 @@ def new() -> ResponseReturnValue:
 def link(user_id: int) -> ResponseReturnValue:
     """A new sign-in link for someone who has not chosen a password yet (earlier links stop working)."""
     person = owned_or_404(User, user_id)
-    if person.has_password or person.is_removed:
+    if person.is_removed:
+        return _refused(f"{person.display_name} was removed: restore them first.")
+    if person.has_password:
         return _refused(f"{person.display_name} has a password already: they sign in with it.")
     return _link_page(person, new=False)
 
@@ -201,10 +203,10 @@ def welcome(token: str) -> ResponseReturnValue:
         return _private(render_template("people/welcome.html", form=None), 404)
     form = WelcomeForm(person)
     if form.validate_on_submit():
+        if not person.accept_invite(form.password.data):
+            return _private(render_template("people/welcome.html", form=None), 404)
         if current_user.is_authenticated:  # someone else signed in on this browser: that sign-in ends
             current_user.end_session()
-        person.set_password(form.password.data)
-        person.end_all_sessions()
         person.start_session()
         db.session.commit()
         login_user(person, remember=True)
