@@ -212,6 +212,12 @@ def _chats_mentioned(message: Message) -> set[int]:
     return {i for i in ids if isinstance(i, int)}
 
 
+@bp.before_app_request
+def _forget_which_chats_readable() -> None:
+    """What the viewer may read is learnt afresh by each request (and before each event of a stream)."""
+    g.pop("readable_mentioned", None)
+
+
 def _learn_which_chats_readable(messages: Iterable[Message]) -> None:
     """Find out in one query which of the chats these messages mention the person may read (may_open_chat)."""
     known = g.setdefault("readable_mentioned", {})
@@ -602,22 +608,6 @@ def restore(chat_id: int) -> ResponseReturnValue:
     return redirect(url_for("chats.show", chat_id=chat.id), code=303)
 
 
-@dataclass
-class PersonName:
-    """Someone of the account as a member may know them: who they are called."""
-
-    id: int
-    name: str
-
-
-def _account_people() -> list[PersonName]:
-    """The account's people who may be added to a chat (not removed), by name."""
-    users = db.session.scalars(
-        sa.select(User).where(User.account_id == current_user.account_id, User.removed_at.is_(None))
-    )
-    return sorted((PersonName(u.id, u.display_name) for u in users), key=lambda p: p.name.casefold())
-
-
 def _people_panel(chat: Chat) -> dict:
     """The chat's people (who started it first), whether the viewer may govern the chat, and whom they may add
     (two queries)."""
@@ -628,7 +618,11 @@ def _people_panel(chat: Chat) -> dict:
         .order_by(ChatPerson.created_at, ChatPerson.user_id)
     ).all()
     governs = not people or current_user.id in {p.id for p in people}
-    addable = [p for p in _account_people() if p.id not in {q.id for q in people}] if governs else []
+    addable = (
+        [p for p in current_user.account.people_names() if p.id not in {q.id for q in people}]
+        if governs
+        else []
+    )
     return {"people": people, "governs": governs, "addable_people": addable}
 
 
@@ -686,7 +680,7 @@ def add_person(chat_id: int) -> ResponseReturnValue:
     chat = readable_chat_or_404(chat_id)
     people = _governed(chat)
     form = PersonForm()
-    form.user_id.choices = [(p.id, p.name) for p in _account_people() if p.id not in people]
+    form.user_id.choices = [(p.id, p.name) for p in current_user.account.people_names() if p.id not in people]
     if not form.validate():
         db.session.rollback()
         return _back_to(chat, "That person cannot be added to this chat.")
@@ -778,7 +772,7 @@ def _still_readable(chat: Chat) -> bool:
 
 
 def _render_final(chat: Chat, message_id: int) -> str:
-    g.pop("readable_mentioned", None)  # which chats the viewer may read may have changed since the last event
+    _forget_which_chats_readable()  # which chats the viewer may read may have changed since the last event
     found = db.session.get(Message, message_id)  # a fresh transaction: sees what the worker just committed
     if found is None or found.chat_id != chat.id:
         db.session.close()
