@@ -43,3 +43,26 @@ def test_upgrading_fills_in_last_message_at_and_job_run_accounts(tmp_path):
     engine.dispose()
     assert {k: str(v)[:19] for k, v in last.items()} == {3: "2026-02-02 11:00:00", 4: "2026-01-02 08:00:00"}
     assert accounts == {1: 1, 2: 2, 3: 2, 4: 1, 5: None, 6: None, 7: None}
+
+
+def test_after_every_migration_the_word_index_follows_new_and_edited_memories_and_messages(app):
+    """SQLite's batch mode rebuilds a table as a new one, dropping its triggers; the migration that does so to a
+    searched table must make the triggers that keep its FTS5 index in step again."""
+    from tests import factories
+    from webapp.extensions import db
+    from webapp.models import AgentMemory, Message
+    from webapp.search import Match, ranked
+
+    acme = factories.account()
+    ada = factories.agent(acme)
+    memory = factories.memory(ada, "The spare greenhouse key is under the blue watering can.")
+    message = factories.message(factories.chat(acme, [ada]), "The tulips survived the frost.")
+
+    def found(model, text):
+        return set(db.session.scalars(sa.select(ranked(model, text, Match.ANY_WORD).c.id)))
+
+    assert found(AgentMemory, "greenhouse") == {memory.id}
+    assert found(Message, "tulips") == {message.id}
+    memory.content = "The spare shed key is in the drawer."
+    db.session.commit()
+    assert found(AgentMemory, "greenhouse") == set() and found(AgentMemory, "drawer") == {memory.id}

@@ -16,6 +16,30 @@ branch_labels = None
 depends_on = None
 
 
+def _remake_search_triggers() -> None:
+    """SQLite's batch mode rebuilds agent_memories as a new table, which drops the triggers that keep its FTS5
+    index in step (migration 680a29028759): make them again, as they were. The rows keep their ids and content,
+    so the index itself is still right."""
+    if op.get_bind().dialect.name != "sqlite":
+        return
+    table, fts = "agent_memories", "agent_memories_fts"
+    for trigger in ("insert", "delete", "update"):
+        op.execute(f"DROP TRIGGER IF EXISTS {fts}_{trigger}")
+    op.execute(
+        f"CREATE TRIGGER {fts}_insert AFTER INSERT ON {table} BEGIN "
+        f"INSERT INTO {fts}(rowid, content) VALUES (new.id, new.content); END"
+    )
+    op.execute(
+        f"CREATE TRIGGER {fts}_delete AFTER DELETE ON {table} BEGIN "
+        f"INSERT INTO {fts}({fts}, rowid, content) VALUES ('delete', old.id, old.content); END"
+    )
+    op.execute(
+        f"CREATE TRIGGER {fts}_update AFTER UPDATE OF content ON {table} BEGIN "
+        f"INSERT INTO {fts}({fts}, rowid, content) VALUES ('delete', old.id, old.content); "
+        f"INSERT INTO {fts}(rowid, content) VALUES (new.id, new.content); END"
+    )
+
+
 def upgrade():
     # Reviewed by hand. Every chat made before chats had people stays readable by everyone of its account, as
     # it was (shared; its starter is unknown); new chats are private. Memories keep being heard by everyone
@@ -37,7 +61,9 @@ def upgrade():
         batch_op.add_column(
             sa.Column(
                 "visibility",
-                sa.Enum("private", "shared", name="chat_visibility", native_enum=False, create_constraint=True),
+                sa.Enum(
+                    "private", "shared", name="chat_visibility", native_enum=False, create_constraint=True
+                ),
                 server_default="shared",
                 nullable=False,
             )
@@ -53,7 +79,9 @@ def upgrade():
         batch_op.add_column(
             sa.Column(
                 "audience",
-                sa.Enum("chat", "everyone", name="memory_audience", native_enum=False, create_constraint=True),
+                sa.Enum(
+                    "chat", "everyone", name="memory_audience", native_enum=False, create_constraint=True
+                ),
                 server_default="everyone",
                 nullable=False,
             )
@@ -61,6 +89,7 @@ def upgrade():
         batch_op.create_foreign_key("fk_agent_memories_chat_id_chats", "chats", ["chat_id"], ["id"])
         batch_op.create_index("ix_agent_memories_chat_id", ["chat_id"])
         batch_op.create_check_constraint("audience_chat", "audience = 'everyone' OR chat_id IS NOT NULL")
+    _remake_search_triggers()
 
 
 def downgrade():
@@ -70,6 +99,7 @@ def downgrade():
         batch_op.drop_constraint("fk_agent_memories_chat_id_chats", type_="foreignkey")
         batch_op.drop_column("audience")
         batch_op.drop_column("chat_id")
+    _remake_search_triggers()
     with op.batch_alter_table("users", schema=None) as batch_op:
         batch_op.drop_column("removed_at")
     with op.batch_alter_table("chats", schema=None) as batch_op:

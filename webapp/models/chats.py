@@ -171,6 +171,8 @@ class Message(db.Model):
     __table_args__ = (
         sa.Index("ix_messages_chat_id_id", "chat_id", "id"),
         sa.Index("ix_messages_chat_id_created_at", "chat_id", "created_at"),
+        # A search's scope (the finished turns of some chats) read from the index alone.
+        sa.Index("ix_messages_readable", "chat_id", "status", "role", "id"),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)

@@ -55,7 +55,7 @@ def ranked(model: type, text: str, match: Match, *scope: sa.ColumnElement[bool])
     words = terms(text)
     if not words:
         return None
-    return backend().lexical(model, words, match, scope)
+    return backend().lexical(model, words, match, scope).subquery(f"{model.__tablename__}_hits")
 
 
 def query_vector(text: str, *, agent_id: int | None = None, chat_id: int | None = None) -> np.ndarray | None:
@@ -108,10 +108,12 @@ def messages(
 
 def _lexical(model: type, text: str, scope: tuple) -> list[tuple[int, float]]:
     """(id, score) of the best word matches, best first (the score is BM25: higher is better)."""
-    hits = ranked(model, text, Match.ANY_WORD, *scope)
-    if hits is None:
+    words = terms(text)
+    if not words:
         return []
-    rows = db.session.execute(sa.select(hits.c.id, hits.c.rank).order_by(hits.c.rank).limit(CANDIDATES))
+    # Ordered as it is selected: wrapped in a subquery, SQLite computes bm25() twice for every match.
+    hits = backend().lexical(model, words, Match.ANY_WORD, scope)
+    rows = db.session.execute(hits.order_by(sa.literal_column("rank")).limit(CANDIDATES))
     return [(row.id, -row.rank) for row in rows]
 
 

@@ -35,8 +35,8 @@ VECTOR_TABLES = {
 }
 
 
-def lexical(model: type, words: list[str], match: Match, scope: tuple) -> sa.Subquery:
-    """(id, rank) of the matching rows within the scope, lower rank first. On the table itself, so
+def lexical(model: type, words: list[str], match: Match, scope: tuple) -> sa.Select:
+    """(id, rank) of the matching rows within the scope (lower rank is better). On the table itself, so
     PostgreSQL can combine the GIN index with the scope's own indexes."""
     search_vector = sa.literal_column(f"{model.__tablename__}.search_vector")
     if match is Match.ALL_PREFIXES:
@@ -45,8 +45,7 @@ def lexical(model: type, words: list[str], match: Match, scope: tuple) -> sa.Sub
     else:
         tsquery = sa.func.to_tsquery("english", " | ".join(words))
         rank = -_bm25(model.__tablename__, search_vector, words)
-    statement = sa.select(model.id, rank.label("rank")).where(search_vector.op("@@")(tsquery), *scope)
-    return statement.subquery(f"{model.__tablename__}_hits")
+    return sa.select(model.id, rank.label("rank")).where(search_vector.op("@@")(tsquery), *scope)
 
 
 def _bm25(table: str, search_vector: sa.ColumnElement, words: list[str]) -> sa.ColumnElement[float]:

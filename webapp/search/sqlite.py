@@ -26,8 +26,8 @@ VECTOR_TABLES = {
 RESCORED = 4  # candidates by sign bits per result, ranked again by their exact distance
 
 
-def lexical(model: type, words: list[str], match: Match, scope: tuple) -> sa.Subquery:
-    """(id, rank) of the matching rows within the scope, lower rank first."""
+def lexical(model: type, words: list[str], match: Match, scope: tuple) -> sa.Select:
+    """(id, rank) of the matching rows within the scope (lower rank is better)."""
     if match is Match.ANY_WORD:
         query = " OR ".join(f'"{w}"' for w in words)
     else:
@@ -39,7 +39,7 @@ def lexical(model: type, words: list[str], match: Match, scope: tuple) -> sa.Sub
     statement = sa.select(
         fts.c.rowid.label("id"), sa.func.bm25(sa.literal_column(fts.name)).label("rank")
     ).where(sa.literal_column(fts.name).op("MATCH")(query), in_scope)
-    return statement.subquery(f"{fts.name}_hits")
+    return statement
 
 
 def rebuild_lexical(tables: tuple[str, ...]) -> None:
