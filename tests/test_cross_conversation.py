@@ -128,8 +128,9 @@ def test_each_agent_sees_only_its_own_summaries(admin, here, ada, basil, strange
 
 
 def test_the_borrowed_block_is_read_without_being_consumed(admin, here, ada):
+    source = factories.chat(admin.account, [ada], "Roses")  # a chat that may be heard here (both are shared)
     staged = {
-        "source_conversation_id": "AbCdEfGh",
+        "source_conversation_id": source.public_id,
         "messages": [{"author": "dana", "content": "North wall."}, {"author": "Ada", "content": "Climbers."}],
         "staged_at": "2026-11-21T12:00:00.000001",
     }
@@ -140,14 +141,18 @@ def test_the_borrowed_block_is_read_without_being_consumed(admin, here, ada):
 
     context = first.messages[-1]["content"]
     assert (
-        "# Borrowed Context from Conversation AbCdEfGh\n\n"
+        f"# Borrowed Context from Conversation {source.public_id}\n\n"
         "You requested context from another conversation. Here are the recent messages:\n\n"
         "[dana]: North wall.\n[Ada]: Climbers.\n\n"
         "This context is provided for reference only and will not appear in future activations."
     ) in context
     assert first.borrowed_context == second.borrowed_context == staged
     assert second.messages == first.messages
-    assert db.session.scalar(sa.select(ChatAgent.borrowed_context_json).where(ChatAgent.agent_id == ada.id))
+    assert db.session.scalar(
+        sa.select(ChatAgent.borrowed_context_json).where(
+            ChatAgent.agent_id == ada.id, ChatAgent.chat_id == here.id
+        )
+    )
     assert "# Borrowed Context" not in _context(here, factories.agent(admin.account, "Cleo"))
 
 

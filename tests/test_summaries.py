@@ -16,6 +16,7 @@ from webapp.jobs.replies import request_replies, respond
 from webapp.jobs.summaries import clean_summary, summarize
 from webapp.llm import LLMError
 from webapp.models import ChatAgent, JobRun, LlmCall
+from webapp.models.access import chats_heard_in
 from webapp.models.chats import other_conversation_summaries
 from webapp.timeutil import utcnow
 
@@ -115,7 +116,7 @@ def test_other_conversation_summaries_lists_the_other_active_chats_newest_first(
     newer.last_message_at = utcnow() - timedelta(hours=1)
     db.session.commit()
 
-    rows = other_conversation_summaries(ada, exclude_chat_id=here.id)
+    rows = other_conversation_summaries(ada, exclude_chat_id=here.id, heard=chats_heard_in(here))
 
     assert [(r.chat.title, r.agent_summary) for r in rows] == [
         ("Newer", "Newer state."),
@@ -138,7 +139,7 @@ def test_other_conversation_summaries_leaves_out_old_discarded_and_blank(admin, 
     discarded.discarded_at = utcnow()
     db.session.commit()
 
-    rows = other_conversation_summaries(ada, exclude_chat_id=here.id)
+    rows = other_conversation_summaries(ada, exclude_chat_id=here.id, heard=chats_heard_in(here))
 
     assert [r.chat.title for r in rows] == ["Kept"]
     assert never.id not in {r.chat_id for r in rows}
@@ -149,9 +150,10 @@ def test_other_conversation_summaries_are_at_most_ten_in_one_query(admin, ada):
     for i in range(12):
         factories.summary(factories.chat(admin.account, [ada], f"Chat {i}"), ada, f"Summary {i}.")
     here_id, _ = here.id, ada.account_id  # load both before counting
+    heard = chats_heard_in(here)
 
     with count_queries() as counted:
-        rows = other_conversation_summaries(ada, exclude_chat_id=here_id)
+        rows = other_conversation_summaries(ada, exclude_chat_id=here_id, heard=heard)
         titles = [r.chat.title for r in rows]
 
     assert counted.count == 1
@@ -166,7 +168,7 @@ def test_an_agent_never_sees_a_chat_it_is_not_in_nor_another_accounts(admin, ada
     foreign = factories.chat(stranger.account, [ada, factories.agent(stranger.account, "Mallory")], "Globex")
     factories.summary(foreign, ada, "Globex plans.")
 
-    assert other_conversation_summaries(ada, exclude_chat_id=here.id) == []
+    assert other_conversation_summaries(ada, exclude_chat_id=here.id, heard=chats_heard_in(here)) == []
 
 
 # The summary job

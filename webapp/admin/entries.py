@@ -18,6 +18,7 @@ LABELS = {
     "memory_delete": "deleted",
     "memory_restore": "restored",
     "memory_constitutional_toggle": "constitutional flag toggled",
+    "memory_audience": "audience changed",
     "memory_promote": "promoted to core",
     "memory_dedup": "removed as a duplicate",
     "memory_undo": "undo",
@@ -34,6 +35,11 @@ LABELS = {
     "memory_refinement_rolled_back": "refinement rolled back",
 }
 UNDOING = ("memory_undo", "memory_rollback")
+# What a change of a memory's audience means, by the audience it got.
+AUDIENCE_CHANGES = {
+    "everyone": "Widened: heard by everyone",
+    "chat": "Narrowed: heard only where the chat it came from may be read",
+}
 # What a change of each flag means, in words: (field, when it was set, when it was cleared).
 FLAGS = (
     ("constitutional", "Protected as constitutional", "No longer constitutional"),
@@ -139,6 +145,8 @@ class Entry:
         for key, on, off in FLAGS:
             if bool(before.get(key)) != bool(after.get(key)):
                 changes.append(on if after.get(key) else off)
+        if "audience" in before and "audience" in after and before["audience"] != after["audience"]:
+            changes.append(AUDIENCE_CHANGES[after["audience"]])
         return changes
 
     @property

@@ -19,13 +19,14 @@ from wtforms.validators import DataRequired, Length
 
 from webapp import search
 from webapp.admin.common import answer, bp, from_htmx, memory_or_404, page_number, page_of
-from webapp.admin.provenance import origins_for
+from webapp.admin.provenance import provenance
 from webapp.admin.runs import KINDS
 from webapp.extensions import db
 from webapp.jobs import schedule
 from webapp.models import Agent, AgentMemory
 from webapp.models.audit import record_change
 from webapp.models.memories import (
+    AUDIENCES,
     MAX_CONTENT_CHARS,
     active_memories,
     core_token_usage,
@@ -151,7 +152,7 @@ def _ledger_context(agent: Agent) -> dict[str, Any]:
     page, now = page_number(), utcnow()
     context = dict(agent=agent, show=show, q=q, page=page, now=now, filters=FILTERS)
     context["memories"], context["has_more"] = page_of(_listed(agent.id, show, q, now), page)
-    context["origins"] = origins_for(context["memories"])
+    context.update(provenance(context["memories"]))
     context["counts"] = _counts(agent.id, now)
     return context
 
@@ -188,7 +189,9 @@ def create(agent_id: int) -> ResponseReturnValue:
     form = AddForm()
     if not form.validate():
         return _add_form_error(agent, form)
-    memory = AgentMemory(agent=agent, content=form.content.data, memory_type=form.memory_type.data)
+    memory = AgentMemory(
+        agent=agent, content=form.content.data, memory_type=form.memory_type.data, audience="everyone"
+    )
     memory.constitutional = form.constitutional.data
     db.session.add(memory)
     record_change(memory, "memory_create", None, via=VIA, user_id=current_user.id)
@@ -209,7 +212,7 @@ def _add_form_error(agent: Agent, form: AddForm):
 def memory(memory_id: int) -> ResponseReturnValue:
     """One memory's row (what Cancel brings back)."""
     found = memory_or_404(memory_id)
-    return render_template("memories/_memory.html", memory=found, now=utcnow(), origins=origins_for([found]))
+    return render_template("memories/_memory.html", memory=found, now=utcnow(), **provenance([found]))
 
 
 def _edit_form(memory: AgentMemory, **kwargs: Any) -> EditForm:
@@ -260,6 +263,26 @@ def toggle_constitutional(memory_id: int) -> ResponseReturnValue:
     return _change(memory, "memory_constitutional_toggle", apply, f"Memory #{memory.id} is now {now}.")
 
 
+@bp.post("/memories/<int:memory_id>/audience")
+@admin_required
+def change_audience(memory_id: int) -> ResponseReturnValue:
+    """Widen a memory to everyone of the account, or narrow it back to whoever may read the chat it came from."""
+    memory = memory_or_404(memory_id)
+    wanted = request.form.get("audience", "")
+    if memory.is_deleted:
+        return _refused(memory, "Restore this memory before changing who hears it.")
+    if wanted not in AUDIENCES:
+        return _refused(memory, "Choose who hears it: everyone, or its chat.")
+    if wanted == "chat" and memory.chat_id is None:
+        return _refused(memory, "This memory came from no chat: it can only be heard by everyone.")
+    done = "heard by everyone" if wanted == "everyone" else "heard only where its chat may be read"
+
+    def apply() -> None:
+        memory.audience = wanted
+
+    return _change(memory, "memory_audience", apply, f"Memory #{memory.id} is now {done}.")
+
+
 @bp.post("/memories/<int:memory_id>/delete")
 @admin_required
 def delete(memory_id: int) -> ResponseReturnValue:
@@ -302,11 +325,11 @@ def _changed(memory: AgentMemory, done: str, **extra: Any):
     """The memory's new row, the token bar and tab counts out of band; a plain form post goes back to the ledger."""
     now = utcnow()
     context = dict(memory=memory, now=now, tokens=_core_tokens(memory.agent), agent=memory.agent)
-    context["origins"], context["counts"] = origins_for([memory]), _counts(memory.agent_id, now)
+    context.update(provenance([memory]), counts=_counts(memory.agent_id, now))
     return answer("memories/_changed.html", 200, _ledger_url(memory), done, **context, **extra)
 
 
 def _refused(memory: AgentMemory, error: str):
     """The row again with the reason the change was refused."""
-    context = dict(memory=memory, now=utcnow(), error=error, origins=origins_for([memory]))
+    context = dict(memory=memory, now=utcnow(), error=error, **provenance([memory]))
     return answer("memories/_memory.html", 422, _ledger_url(memory), error, **context)

@@ -4,6 +4,9 @@ A memory's origin is its creation audit row (every path that creates a memory wr
 message range of a consolidation, the reply whose tool call saved it, the person, or the refinement session),
 plus the reflection that promoted it. A reply's sources are its reply_sources row. Only admins see memories,
 as only admins see the ledger; every member of the account sees which conversations a reply drew on.
+
+A chat is named by its title (and linked) only to an admin who may read it (webapp.models.access): a private
+chat of other people is "private: Dana's chat", by its people's names, never by its title.
 """
 
 from dataclasses import dataclass
@@ -16,11 +19,38 @@ from flask_login import current_user
 
 from webapp.admin.common import bp
 from webapp.extensions import db
-from webapp.models import AgentMemory, AuditLog, Chat, Message, ReplySources, User
+from webapp.models import AgentMemory, AuditLog, Chat, ChatPerson, Message, ReplySources, User
+from webapp.models.access import readable_chats
 from webapp.web.auth import admin_required
 
 CREATING = ("memory_create", "memory_refinement_consolidate_create")
 PROMOTING = "memory_promote"
+
+
+@dataclass
+class ChatLabel:
+    """A chat as an admin page names it: by title and link when the admin may read it, else by its people."""
+
+    chat: Chat
+    people: list[str]  # display names, in the order they joined
+    readable: bool
+
+    @property
+    def whose(self) -> str:
+        """ "Dana's chat", "Dana and Sam's chat", "Dana, Sam and Lee's chat" (or "a chat with no one")."""
+        if not self.people:
+            return "a chat with no one"
+        names = (
+            self.people[0]
+            if len(self.people) == 1
+            else f"{', '.join(self.people[:-1])} and {self.people[-1]}"
+        )
+        return f"{names}'s chat"
+
+    @property
+    def title(self) -> str | None:
+        """The title this admin may see: None for someone else's private chat."""
+        return self.chat.display_title if self.readable else None
 
 
 @dataclass
@@ -29,12 +59,28 @@ class Origin:
     data: dict[str, Any]
     session_id: str | None = None
     user_email: str | None = None
-    chat: Chat | None = None
+    chat: ChatLabel | None = None
     promoted_session_id: str | None = None
 
 
+def provenance(memories: list[AgentMemory]) -> dict[str, Any]:
+    """What a page of memories shows of where each came from and who hears it: `origins` by memory id, and
+    `chats` (the chats they came from, as ChatLabels) by chat id. Four queries for any page of them."""
+    origins = origins_for(memories)
+    return {"origins": origins, "chats": _chats_of(origins, memories)}
+
+
+def _chats_of(origins: dict[int, "Origin"], memories: list[AgentMemory]) -> dict[int, ChatLabel]:
+    wanted = {o.data.get("chat_id") for o in origins.values()} | {m.chat_id for m in memories}
+    chats = chat_labels(wanted - {None})
+    for origin in origins.values():
+        origin.chat = chats.get(origin.data.get("chat_id"))
+    return chats
+
+
 def origins_for(memories: list[AgentMemory]) -> dict[int, Origin]:
-    """The origin of each memory (absent when it predates audit rows): two queries for any page of them."""
+    """The origin of each memory (absent when it predates audit rows), its chat not yet named (provenance
+    does): one query for any page of them."""
     ids = [m.id for m in memories]
     if not ids:
         return {}
@@ -56,19 +102,31 @@ def origins_for(memories: list[AgentMemory]) -> dict[int, Origin]:
     for row, _email in rows:
         if row.action == PROMOTING and row.auditable_id in origins:
             origins[row.auditable_id].promoted_session_id = row.session_id or ""
-    chats = _chats({o.data.get("chat_id") for o in origins.values()} - {None})
-    for origin in origins.values():
-        origin.chat = chats.get(origin.data.get("chat_id"))
     return origins
 
 
-def _chats(ids: set[int]) -> dict[int, Chat]:
+def chat_labels(ids: set[int]) -> dict[int, ChatLabel]:
+    """The account's chats with these ids as the signed-in admin may see them named (three queries)."""
     if not ids:
         return {}
-    found = db.session.scalars(
+    chats = db.session.scalars(
         sa.select(Chat).where(Chat.id.in_(ids), Chat.account_id == current_user.account_id)
+    ).all()
+    if not chats:
+        return {}
+    found = [chat.id for chat in chats]
+    readable = set(
+        db.session.scalars(sa.select(Chat.id).where(Chat.id.in_(found), readable_chats(current_user)))
     )
-    return {chat.id: chat for chat in found}
+    people: dict[int, list[str]] = {chat_id: [] for chat_id in found}
+    for chat_id, person in db.session.execute(
+        sa.select(ChatPerson.chat_id, User)
+        .join(User, User.id == ChatPerson.user_id)
+        .where(ChatPerson.chat_id.in_(found))
+        .order_by(ChatPerson.created_at, User.id)
+    ):
+        people[chat_id].append(person.display_name)
+    return {chat.id: ChatLabel(chat, people[chat.id], chat.id in readable) for chat in chats}
 
 
 @bp.get("/replies/<int:message_id>/sources")
@@ -94,5 +152,8 @@ def reply_sources(message_id: int) -> ResponseReturnValue:
     }
     chat_ids = set(sources.summary_chat_ids) | set(sources.recalled_chat_ids) | {sources.borrowed_chat_id}
     return render_template(
-        "memories/_reply_sources.html", sources=sources, memories=memories, chats=_chats(chat_ids - {None})
+        "memories/_reply_sources.html",
+        sources=sources,
+        memories=memories,
+        chats=chat_labels(chat_ids - {None}),
     )

@@ -5,6 +5,7 @@ import sys
 import click
 import sqlalchemy as sa
 from flask.cli import AppGroup
+from sqlalchemy.orm import contains_eager
 
 from webapp import search
 from webapp.extensions import db
@@ -19,8 +20,8 @@ from webapp.jobs.queue import enqueue
 from webapp.jobs.refinement import agents_due_query, refine_agent, refine_due
 from webapp.jobs.reflection import agents_to_reflect_query, reflect_agent, reflect_all
 from webapp.llm import LLMError
-from webapp.models import Agent, AgentMemory, Message
-from webapp.models.audit import dedup_for_agent
+from webapp.models import Agent, AgentMemory, AuditLog, Chat, Message
+from webapp.models.audit import dedup_for_agent, record_change
 from webapp.models.search import EMBEDDED_KINDS
 from webapp.search import embedder, indexing
 from webapp.search.embedder import EmbeddingError
@@ -132,6 +133,60 @@ def backfill() -> None:
         done += len(batch)
         click.echo(f"backfilled {done}/{total}")
     click.echo(f"Done: {done} memories updated.")
+
+
+@memories_cli.command("backfill-audience")
+def backfill_audience() -> None:
+    """Tie the memories made before memories had an audience to the chat each came from (its creation audit
+    row says which), to be heard by whoever may read that chat. Chats made before chats had people are shared,
+    so nothing heard today goes quiet. Safe to run again: what is tied stays as it is."""
+    tied = private = 0
+    while batch := db.session.execute(_untied().limit(BACKFILL_BATCH)).all():
+        for memory, chat in batch:
+            if memory.chat_id is not None:  # a second creation row for the same memory
+                continue
+            before = memory.snapshot()
+            memory.chat_id, memory.audience = chat.id, "chat"
+            record_change(memory, "memory_audience", before, via="backfill-audience", chat_id=chat.id)
+            private += chat.is_private
+        db.session.commit()
+        tied += len({memory.id for memory, _chat in batch})
+        click.echo(f"tied {tied:,} so far")
+    untraced = db.session.scalar(
+        sa.select(sa.func.count()).select_from(AgentMemory).where(AgentMemory.chat_id.is_(None))
+    )
+    if tied:
+        click.echo(
+            f"Done: {_count(tied, 'memory')} tied to the chats they came from: {tied - private:,} of shared "
+            f"chats (heard by everyone, as before), {private:,} of private chats (heard by their people)."
+        )
+    else:
+        click.echo("Nothing to do: every memory whose chat is recorded is tied to it already.")
+    click.echo(
+        f"{_count(untraced, 'memory')} came from no recorded chat (an admin's entries, refinement merges, "
+        "older rows): heard by everyone."
+    )
+
+
+def _untied() -> sa.Select:
+    """(memory, chat) for each memory with no chat whose creation audit row names a chat of its account."""
+    created_in = AuditLog.data["chat_id"].as_integer()
+    return (
+        sa.select(AgentMemory, Chat)
+        .join(
+            AuditLog,
+            sa.and_(
+                AuditLog.auditable_type == "AgentMemory",
+                AuditLog.auditable_id == AgentMemory.id,
+                AuditLog.action == "memory_create",
+            ),
+        )
+        .join(Agent, Agent.id == AgentMemory.agent_id)
+        .join(Chat, sa.and_(Chat.id == created_in, Chat.account_id == Agent.account_id))
+        .where(AgentMemory.chat_id.is_(None))
+        .order_by(AgentMemory.id)
+        .options(contains_eager(AgentMemory.agent))
+    )
 
 
 @memories_cli.command("reindex")

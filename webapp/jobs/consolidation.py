@@ -8,6 +8,10 @@ Corrected as DESIGN.md 5.1 says: progress is a cursor per agent (chat_agents.las
 committed in the same transaction as the memories it produced, so a crash or retry never duplicates or skips;
 a failed extraction leaves that agent's cursor in place and the job retries; the chat's own cursor moves only
 when every agent is through. The agents of a chat are processed concurrently.
+
+What comes of a chat is heard where that chat may be read (its memories have the chat as their audience), and
+extraction is shown only the memories that may be heard in the chat, so no other chat's private memory is
+copied into this one's.
 """
 
 import logging
@@ -27,6 +31,7 @@ from webapp.jobs.refinement import trigger_if_over_budget
 from webapp.llm import LLMError
 from webapp.llm.jsonparse import parse_json_object
 from webapp.models import Agent, AgentMemory, Chat, ChatAgent, Message
+from webapp.models.access import memories_heard_in
 from webapp.models.audit import record_change
 from webapp.models.memories import (
     MAX_CONTENT_CHARS,
@@ -193,6 +198,7 @@ def _consolidate_for_agent(link_id: int, through_id: int) -> AgentOutcome:
     messages = _transcript_lines(link.chat_id, cursor or 0, through_id)
     identity, model, agent_id, chat_id = agent.identity(), agent.model_id, agent.id, link.chat_id
     budget = memory_budget(agent)
+    heard = memories_heard_in(link.chat)  # who may read the chat now: its people, read once per run
     db.session.commit()
     for chunk in chunk_messages(messages, current_app.config["CONSOLIDATION_CHUNK_TOKENS"]):
         if cancelled():  # the job was stopped (its time limit): the cursor stays after the last saved chunk
@@ -201,7 +207,7 @@ def _consolidate_for_agent(link_id: int, through_id: int) -> AgentOutcome:
         prompt = render(
             "consolidation_extract.txt",
             identity=identity,
-            known=memories_within(agent_id, utcnow(), budget),
+            known=memories_within(agent_id, utcnow(), budget, heard=heard),
             transcript="\n\n".join(text for _, text in chunk),
         )
         db.session.commit()  # no transaction stays open while the model thinks
@@ -301,7 +307,8 @@ def _save_chunk(
     chunk_range: tuple[int, int],
     outcome: AgentOutcome,
 ) -> None:
-    """Add the chunk's new memories and move the agent's cursor past it, in one transaction."""
+    """Add the chunk's new memories (heard where the chat may be read) and move the agent's cursor past it, in
+    one transaction. A memory the chat already hears is not added again."""
     last_message_id = chunk_range[1]
     # The cursor update comes first: a write-first transaction takes SQLite's write lock before it reads.
     # It moves only from where this run found it, so a second run of the same chat cannot save twice.
@@ -314,7 +321,10 @@ def _save_chunk(
     if not moved:
         db.session.rollback()
         raise CursorMoved(f"another run consolidated this chat for agent {agent_id} first")
-    known = set(db.session.scalars(active_memories(agent_id).with_only_columns(AgentMemory.content_hash)))
+    heard = memories_heard_in(db.session.get(Chat, chat_id))
+    known = set(
+        db.session.scalars(active_memories(agent_id).where(heard).with_only_columns(AgentMemory.content_hash))
+    )
     for kind in MEMORY_TYPES:
         for content in extracted[kind]:
             if content_hash_of(content) in known:
@@ -327,8 +337,11 @@ def _save_chunk(
 
 
 def _add_memory(agent_id: int, chat_id: int, chunk_range: tuple[int, int], content: str, kind: str) -> None:
-    """A new memory, its provenance (the chat and the messages it came from) in its creation audit row."""
-    memory = AgentMemory(agent_id=agent_id, content=content, memory_type=kind)
+    """A new memory of the chat (heard by whoever may read it), its provenance (the chat and the messages it
+    came from) in its creation audit row."""
+    memory = AgentMemory(
+        agent_id=agent_id, content=content, memory_type=kind, chat_id=chat_id, audience="chat"
+    )
     db.session.add(memory)
     first, last = chunk_range
     record_change(

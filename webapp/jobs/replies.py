@@ -258,12 +258,12 @@ def _tool_loop(message: Message, messages: list[dict[str, Any]]) -> tuple[str, i
             arguments = call.parsed_arguments()
         except ValueError:
             arguments = {}
-        steps.append(tool_steps.running(call.name, arguments, chat.account_id))
+        steps.append(tool_steps.running(call.name, arguments, chat))
         _show_progress(message, transcript.text, steps)
         outcome = run_tool_call(call, context, offered)
         if outcome.result.get("saved"):  # save_memory added a memory: it may have gone over budget
             trigger_if_over_budget(agent)
-        steps[-1] = tool_steps.finished(call.name, arguments, outcome.result, chat.account_id)
+        steps[-1] = tool_steps.finished(call.name, arguments, outcome.result, chat)
         _show_progress(message, transcript.text, steps)
         return outcome.result
 

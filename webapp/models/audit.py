@@ -1,5 +1,6 @@
 """The audit trail: one row per change to a memory, and its verbs: record a change, undo it, roll back a session."""
 
+from collections import defaultdict
 from datetime import datetime
 from typing import Any
 
@@ -7,6 +8,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Mapped, mapped_column
 
 from webapp.extensions import JSON, db
+from webapp.models.access import same_audience
 from webapp.models.agents import Agent
 from webapp.models.memories import AgentMemory, core_memories, core_token_usage
 from webapp.timeutil import utcnow
@@ -169,8 +171,9 @@ def roll_back_session(
 
 
 def dedup_for_agent(agent_id: int, *, session_id: str | None, via: str) -> int:
-    """Soft-delete repeated active core memories (same content_hash), keeping the oldest and every
-    constitutional one; returns how many were removed."""
+    """Soft-delete repeated active core memories (same content_hash, heard by the same people), keeping the
+    oldest and every constitutional one; returns how many were removed. A copy heard by other people stays:
+    removing it would make the memory go quiet where only that copy may be heard."""
     duplicated = (
         core_memories(agent_id)
         .order_by(None)
@@ -189,10 +192,11 @@ def dedup_for_agent(agent_id: int, *, session_id: str | None, via: str) -> int:
             AgentMemory.id,
         )
     ).all()
-    removed, seen = 0, set()
+    removed, kept = 0, defaultdict(list)
     for memory in rows:
-        if memory.content_hash not in seen or memory.constitutional:
-            seen.add(memory.content_hash)
+        copies = kept[memory.content_hash]
+        if memory.constitutional or not any(same_audience(memory, copy) for copy in copies):
+            copies.append(memory)
             continue
         before = memory.snapshot()
         memory.soft_delete()

@@ -217,9 +217,14 @@ class Message(db.Model):
         return "System" if self.role == "system" else "User"
 
 
-def other_conversations(account_id: int, agent_ids: list[int], exclude_chat_id: int) -> sa.Select:
-    """The agents' summaries of their other active chats, newest first: one query for any number of agents.
+def other_conversations(
+    account_id: int, agent_ids: list[int], exclude_chat_id: int, *, heard: sa.ColumnElement[bool]
+) -> sa.Select:
+    """The agents' summaries of their other active chats that may be heard where they are shown, newest first:
+    one query for any number of agents.
 
+    `heard` is webapp.models.access.chats_heard_in(the chat they are shown in): a chat everyone present there
+    may read, so a private chat's summary is never shown where someone who may not read it is listening.
     Active: in the account, not discarded, a message within ACTIVE_WINDOW, with a non-blank summary. Each agent
     gets at most ten rows (a window function keeps the query single).
     """
@@ -234,6 +239,7 @@ def other_conversations(account_id: int, agent_ids: list[int], exclude_chat_id: 
         .where(
             ChatAgent.agent_id.in_(agent_ids),
             ChatAgent.chat_id != exclude_chat_id,
+            heard,
             sa.func.trim(sa.func.coalesce(ChatAgent.agent_summary, "")) != "",
             Chat.account_id == account_id,
             Chat.discarded_at.is_(None),
@@ -251,9 +257,13 @@ def other_conversations(account_id: int, agent_ids: list[int], exclude_chat_id: 
     )
 
 
-def other_conversation_summaries(agent: Agent, exclude_chat_id: int) -> list[ChatAgent]:
-    """The agent's summaries of its other active chats (at most 10, most recently updated first)."""
-    return list(db.session.scalars(other_conversations(agent.account_id, [agent.id], exclude_chat_id)))
+def other_conversation_summaries(
+    agent: Agent, exclude_chat_id: int, *, heard: sa.ColumnElement[bool]
+) -> list[ChatAgent]:
+    """The agent's summaries of its other active chats that `heard` admits (at most 10, most recently updated
+    first)."""
+    query = other_conversations(agent.account_id, [agent.id], exclude_chat_id, heard=heard)
+    return list(db.session.scalars(query))
 
 
 def recent_messages(chat_id: int, limit: int) -> list[Message]:

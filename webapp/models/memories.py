@@ -10,6 +10,7 @@ from sqlalchemy.ext.hybrid import hybrid_method, hybrid_property
 from sqlalchemy.orm import Mapped, backref, mapped_column, relationship, validates
 
 from webapp.extensions import JSON, db
+from webapp.models import public_ids
 from webapp.models.agents import DEFAULT_CORE_TOKEN_BUDGET, Agent
 from webapp.models.chats import Message
 from webapp.timeutil import utcnow
@@ -133,6 +134,13 @@ class AgentMemory(db.Model):
     @classmethod
     def _is_expired_expression(cls, now: datetime) -> sa.ColumnElement[bool]:
         return sa.and_(cls.memory_type == "journal", cls.created_at < now - JOURNAL_WINDOW)
+
+    @property
+    def heard_by(self) -> str:
+        """Who may hear it, as the agent's own jobs tell it: "everyone", or "conversation <its opaque id>"."""
+        if self.audience == "chat":
+            return f"conversation {public_ids.encode(self.chat_id)}"
+        return "everyone"
 
     def soft_delete(self) -> None:
         self.deleted_at = utcnow()
@@ -281,10 +289,21 @@ class MemoryWithin:
             self.core.pop()
 
 
-def memories_within(agent_id: int, now: datetime, budget: int, relevant: Sequence[int] = ()) -> MemoryWithin:
+def memories_within(
+    agent_id: int,
+    now: datetime,
+    budget: int,
+    relevant: Sequence[int] = (),
+    *,
+    heard: sa.ColumnElement[bool],
+) -> MemoryWithin:
     """The memories that fit `budget`, chosen in this order while their tokens fit: the constitutional memories,
     the `relevant` ones (ids of any active memory of the agent, best first), then core memories oldest first and
     the week's journal newest first. No memory is listed twice.
+
+    Only memories that `heard` admits (a condition on AgentMemory: webapp.models.access.memories_heard_in the
+    chat they are for) are candidates or counted, inside the queries, so the budget is never filled with
+    memories that may not be used there.
 
     Two queries whatever the number of memories: a running sum (a window function) over the few rows that
     could fit picks those that do, and one count says how many core memories and journal entries of the week
@@ -307,8 +326,8 @@ def memories_within(agent_id: int, now: datetime, budget: int, relevant: Sequenc
     # Every listed memory costs more than LINE_TOKENS, so no more than this many can fit.
     cap = budget // LINE_TOKENS + 1
     # A constitutional or relevant memory among the oldest core or newest journal is listed once, in its place.
-    scope = active_memories(agent_id).with_only_columns(AgentMemory.id)
-    listable = prompt_memories(agent_id, now).with_only_columns(AgentMemory.id)
+    scope = active_memories(agent_id).where(heard).with_only_columns(AgentMemory.id)
+    listable = prompt_memories(agent_id, now).where(heard).with_only_columns(AgentMemory.id)
     journal = listable.where(AgentMemory.memory_type == "journal")
     parts = [
         scope.where(AgentMemory.constitutional).order_by(AgentMemory.created_at, AgentMemory.id).limit(cap),
@@ -329,9 +348,9 @@ def memories_within(agent_id: int, now: datetime, budget: int, relevant: Sequenc
         .order_by(ranked.c.running)
     ).all()
     totals = db.session.execute(
-        prompt_memories(agent_id, now).with_only_columns(
-            sa.func.count(), sa.func.coalesce(sa.func.sum(sa.case((is_core, 1), else_=0)), 0)
-        )
+        prompt_memories(agent_id, now)
+        .where(heard)
+        .with_only_columns(sa.func.count(), sa.func.coalesce(sa.func.sum(sa.case((is_core, 1), else_=0)), 0))
     ).one()
     found = set(relevant)
     # A constitutional memory is listed with the core memories, whatever its type: it never fades.

@@ -18,6 +18,7 @@ from webapp import search
 from webapp.extensions import db
 from webapp.llm import LLMError
 from webapp.models import Agent, AgentMemory, Chat, ChatAgent, Message, ReplySources, User, public_ids
+from webapp.models.access import chats_heard_in, memories_heard_in
 from webapp.models.chats import other_conversation_summaries
 from webapp.models.memories import MemoryWithin, active_memories, memories_within
 from webapp.prompting import render
@@ -77,7 +78,7 @@ def build_prompt(chat: Chat, agent: Agent, *, before_message_id: int | None = No
     borrowed = _staged_borrowed_context(chat, agent)
     borrowed_section = _borrowed_section(borrowed)
     memory, listed = prompt_memory(chat, agent, now, recent)
-    summaries = other_conversation_summaries(agent, exclude_chat_id=chat.id)
+    summaries = other_conversation_summaries(agent, exclude_chat_id=chat.id, heard=chats_heard_in(chat))
     context = [
         listed,
         _other_conversations_section(summaries, agent),
@@ -254,12 +255,16 @@ def prompt_memory(
     """The memories the agent's prompt in this chat holds now, within its memory budget, and the section that
     lists them: what the prompt and the chat's memory page both show. First the constitutional memories, then
     those that best match the conversation (found by recall's search, queried with the chat's latest
-    messages), then the most recent. `recent`: the chat's newest messages, newest first, if already read."""
+    messages), then the most recent. `recent`: the chat's newest messages, newest first, if already read.
+
+    Only what everyone who may read the chat may hear (webapp.models.access.memories_heard_in), inside the
+    queries: the search, the budget and the counts of what was left out."""
     if recent is None:
         recent = _recent_messages(chat, None)
     budget = memory_budget(agent)
-    relevant = _relevant_memories(agent, chat, *_memory_query(recent))
-    within = memories_within(agent.id, now, budget, relevant)
+    heard = memories_heard_in(chat)
+    relevant = _relevant_memories(agent, chat, heard, *_memory_query(recent))
+    within = memories_within(agent.id, now, budget, relevant, heard=heard)
     return within, _memory_section(within, agent, budget)
 
 
@@ -284,16 +289,18 @@ def _cut(text: str, chars: int) -> str:
     return text if len(text) <= chars else text[:chars].rsplit(" ", 1)[0]
 
 
-def _relevant_memories(agent: Agent, chat: Chat, message: str, around: str) -> list[int]:
+def _relevant_memories(
+    agent: Agent, chat: Chat, heard: sa.ColumnElement[bool], message: str, around: str
+) -> list[int]:
     """The ids of the agent's memories (any active one but the constitutional, listed anyway) that best match
-    the conversation, best first: the search the recall tool runs, by the words of the message and a few of the
-    turns around it, and by the meaning of the message alone (an embedding takes longer the longer its text,
-    and the question is what the reply is about)."""
+    the conversation and that `heard` admits, best first: the search the recall tool runs, by the words of the
+    message and a few of the turns around it, and by the meaning of the message alone (an embedding takes
+    longer the longer its text, and the question is what the reply is about)."""
     if not message:
         return []
     vector = search.query_vector(_cut(message, QUERY_EMBEDDED_CHARS), agent_id=agent.id, chat_id=chat.id)
     # (IS NOT TRUE: "= false" would lead SQLite to the constitutional flag's index, over every agent's rows)
-    scope = (active_memories(agent.id).whereclause, AgentMemory.constitutional.is_not(True))
+    scope = (active_memories(agent.id).whereclause, AgentMemory.constitutional.is_not(True), heard)
     found = search.memories(agent.id, f"{message}\n{around}", RELEVANT_MEMORIES, *scope, vector=vector)
     return [m.id for m in found]
 
@@ -324,13 +331,18 @@ def _other_conversations_section(summaries: list[ChatAgent], agent: Agent) -> st
 
 
 def _staged_borrowed_context(chat: Chat, agent: Agent) -> dict[str, Any] | None:
-    """What the agent borrowed for this chat, read fresh from the database (not the session's copy)."""
+    """What the agent borrowed for this chat, read fresh from the database (not the session's copy), while the
+    chat it came from may still be heard here (a person added here since, or that chat made private, ends it)."""
     staged = db.session.scalar(
         sa.select(ChatAgent.borrowed_context_json).where(
             ChatAgent.chat_id == chat.id, ChatAgent.agent_id == agent.id
         )
     )
-    return staged or None
+    if not staged:
+        return None
+    source_id = public_ids.decode(str(staged.get("source_conversation_id", "")))
+    heard = sa.exists().where(Chat.id == source_id, chats_heard_in(chat))
+    return staged if source_id is not None and db.session.scalar(sa.select(heard)) else None
 
 
 def _borrowed_section(borrowed: dict[str, Any] | None) -> str | None:

@@ -4,6 +4,7 @@ import sqlalchemy as sa
 
 from webapp.extensions import db
 from webapp.models import Chat, ChatAgent, public_ids
+from webapp.models.access import chats_heard_in
 from webapp.models.chats import recent_messages
 from webapp.timeutil import utcnow
 from webapp.tools.base import Tool, ToolContext
@@ -50,7 +51,9 @@ def borrow_context(context: ToolContext, conversation_id: str) -> dict[str, Any]
 
 
 def _source_chat(context: ToolContext, conversation_id: str) -> Chat | None:
-    """The chat behind the opaque id, only if this agent takes part in it, in its own account, not discarded."""
+    """The chat behind the opaque id, only if this agent takes part in it, in its own account, not discarded,
+    and everyone present in the current chat may read it (webapp.models.access.chats_heard_in); else None, as
+    for an unknown id."""
     # Models often copy the id with the brackets or quotes the prompt shows around it.
     chat_id = public_ids.decode(conversation_id.strip().strip("[]\"'"))
     if chat_id is None:
@@ -63,6 +66,7 @@ def _source_chat(context: ToolContext, conversation_id: str) -> Chat | None:
             Chat.account_id == context.agent.account_id,
             Chat.discarded_at.is_(None),
             ChatAgent.agent_id == context.agent.id,
+            chats_heard_in(context.chat),
         )
     )
 

@@ -5,6 +5,7 @@ from flask import current_app
 
 from webapp import search
 from webapp.models import Agent, AgentMemory, Chat, ChatAgent
+from webapp.models.access import chats_heard_in, memories_heard_in
 from webapp.models.memories import active_memories
 from webapp.search import Excerpt
 from webapp.timeutil import utcnow
@@ -22,15 +23,15 @@ MESSAGE_CHARS = 400
 
 
 def recall(context: ToolContext, query: str) -> dict[str, Any]:
-    """The agent's best-matching memories and conversation excerpts, within the recall token budget."""
+    """The agent's best-matching memories and conversation excerpts that may be heard in this chat, within the
+    recall token budget."""
     limit = current_app.config["RECALL_MAX_RESULTS"]
-    agent = context.agent
-    vector = search.query_vector(query, agent_id=agent.id, chat_id=context.chat.id)
-    mine = active_memories(agent.id).whereclause
-    memories = [_memory_hit(m) for m in search.memories(agent.id, query, limit, mine, vector=vector)]
-    excerpts = [
-        _excerpt_hit(e) for e in search.messages(conversations_of(agent), query, limit, vector=vector)
-    ]
+    agent, chat = context.agent, context.chat
+    vector = search.query_vector(query, agent_id=agent.id, chat_id=chat.id)
+    mine = (active_memories(agent.id).whereclause, memories_heard_in(chat))
+    memories = [_memory_hit(m) for m in search.memories(agent.id, query, limit, *mine, vector=vector)]
+    chats = conversations_of(agent, chat)
+    excerpts = [_excerpt_hit(e) for e in search.messages(chats, query, limit, vector=vector)]
     results, left_out = _within_budget(_alternate(memories, excerpts)[:limit])
     if not results:
         return {"results": [], "note": "Nothing in your memory or your conversations matches those words."}
@@ -40,14 +41,17 @@ def recall(context: ToolContext, query: str) -> dict[str, Any]:
     return answer
 
 
-def conversations_of(agent: Agent) -> sa.Select:
-    """The ids of the chats whose messages the agent may search: those it takes part in, of its own account,
-    not discarded."""
+def conversations_of(agent: Agent, chat: Chat) -> sa.Select:
+    """The ids of the chats whose messages the agent may search in `chat`: those it takes part in, of its own
+    account, not discarded, that everyone present in `chat` may read (webapp.models.access.chats_heard_in)."""
     return (
         sa.select(ChatAgent.chat_id)
         .join(Chat, Chat.id == ChatAgent.chat_id)
         .where(
-            ChatAgent.agent_id == agent.id, Chat.account_id == agent.account_id, Chat.discarded_at.is_(None)
+            ChatAgent.agent_id == agent.id,
+            Chat.account_id == agent.account_id,
+            Chat.discarded_at.is_(None),
+            chats_heard_in(chat),
         )
     )
 

@@ -5,6 +5,10 @@ offers it. Like every tool, its arguments are checked against its schema before 
 Safety the spec lacks (DESIGN.md 5.4): every audit row carries the session id; at most `max_mutations`
 changes per session; after each change, if core tokens fall below `floor` times the session's starting
 tokens, the whole session is rolled back from its audit rows and the model is told to stop.
+
+Memories are heard by different people (webapp.models.access): a merge of memories of different audiences is
+refused, so no memory becomes heard where one of its parts may not be; a merged memory keeps its parts'
+audience, and the session's closing journal note takes the audience of what it changed when that is one.
 """
 
 from dataclasses import dataclass, field
@@ -12,6 +16,7 @@ from typing import Any
 
 from webapp.extensions import db
 from webapp.models import Agent, AgentMemory, AuditLog
+from webapp.models.access import same_audience
 from webapp.models.audit import record_change, roll_back_session
 from webapp.models.memories import core_memories, core_token_usage, like_pattern, token_pages
 from webapp.timeutil import utcnow
@@ -34,6 +39,8 @@ class RefinementSession:
         default_factory=lambda: {"consolidated": 0, "updated": 0, "deleted": 0, "protected": 0}
     )
     status: str = "running"  # then: complete, rolled_back (or incomplete, set by the job)
+    # One memory of each audience the session changed (the closing note may be heard only where all are).
+    audiences: list[AgentMemory] = field(default_factory=list)
 
     @property
     def finished(self) -> bool:
@@ -121,12 +128,17 @@ class RefinementSession:
             return refusal
         if not memories:
             return _error("No matching memories found")
+        if refusal := _audience_refusal(memories):
+            return refusal
         merged = AgentMemory(
             agent=self.agent,
             content=content,
             memory_type="core",
             created_at=min(m.created_at for m in memories),
+            chat_id=memories[0].chat_id,
+            audience=memories[0].audience,
         )
+        self._changed(merged)
         db.session.add(merged)
         record_change(
             merged, "memory_refinement_consolidate_create", None, via=VIA, session_id=self.session_id
@@ -161,6 +173,7 @@ class RefinementSession:
             return _error(f"Memory #{id} not found")
         before = memory.snapshot()
         memory.content = content
+        self._changed(memory)
         record_change(memory, "memory_refinement_update", before, via=VIA, session_id=self.session_id)
         db.session.commit()
         self.stats["updated"] += 1
@@ -176,6 +189,7 @@ class RefinementSession:
         for memory in memories:
             before = memory.snapshot()
             memory.soft_delete()
+            self._changed(memory)
             record_change(memory, "memory_refinement_delete", before, via=VIA, session_id=self.session_id)
         db.session.commit()
         self.stats["deleted"] += len(memories)
@@ -189,6 +203,7 @@ class RefinementSession:
             return _error(f"Memory #{id} not found")
         before = memory.snapshot()
         memory.constitutional = True
+        self._changed(memory)
         record_change(memory, "memory_refinement_protect", before, via=VIA, session_id=self.session_id)
         db.session.commit()
         self.stats["protected"] += 1
@@ -197,11 +212,16 @@ class RefinementSession:
     def _complete(self, summary: str = "", **_: str) -> dict[str, Any]:
         if not summary.strip():
             return _param_error("complete", "summary")
-        if self.mutations:  # a session that changed nothing has nothing worth remembering
+        # A session that changed nothing has nothing worth remembering; one that changed memories of several
+        # audiences has no one audience its summary could be heard by (the closing row keeps it for admins).
+        if self.mutations and len(self.audiences) == 1:
+            [heard] = self.audiences
             note = AgentMemory(
                 agent=self.agent,
                 content=f"Refinement session: {summary.strip()}"[:10_000],
                 memory_type="journal",
+                chat_id=heard.chat_id if heard.audience == "chat" else None,
+                audience=heard.audience,
             )
             db.session.add(note)
             record_change(note, "memory_create", None, via=VIA, session_id=self.session_id)
@@ -249,6 +269,11 @@ class RefinementSession:
             "with. The whole session has been rolled back. Stop now."
         )
 
+    def _changed(self, memory: AgentMemory) -> None:
+        """Note the audience of a memory the session changed."""
+        if not any(same_audience(memory, seen) for seen in self.audiences):
+            self.audiences.append(memory)
+
     def _memories(self, ids: list[int]) -> list[AgentMemory]:
         return list(db.session.scalars(core_memories(self.agent.id).where(AgentMemory.id.in_(ids))))
 
@@ -259,6 +284,17 @@ def _constitutional_refusal(verb: str, memories: list[AgentMemory]) -> dict[str,
     if not protected:
         return None
     return _error(f"Cannot {verb} constitutional memories: {', '.join(map(str, protected))}")
+
+
+def _audience_refusal(memories: list[AgentMemory]) -> dict[str, Any] | None:
+    """The error result when the memories are not all heard by the same people (they cannot become one)."""
+    if all(same_audience(memories[0], m) for m in memories[1:]):
+        return None
+    heard = ", ".join(f"#{m.id} heard by {m.heard_by}" for m in memories)
+    return _error(
+        f"Cannot consolidate memories heard by different people ({heard}): a merged memory would be heard where "
+        "some of them may not be. Consolidate only memories with the same heard_by."
+    )
 
 
 def _ids(text: str) -> list[int]:
@@ -275,6 +311,7 @@ def _summary(memory: AgentMemory) -> dict[str, Any]:
         "created_at": memory.created_at.isoformat(),
         "tokens": memory.token_estimate,
         "constitutional": memory.constitutional,
+        "heard_by": memory.heard_by,
     }
 
 

@@ -2,6 +2,7 @@ from typing import Any
 
 from webapp.extensions import db
 from webapp.models import AgentMemory
+from webapp.models.access import memories_heard_in
 from webapp.models.audit import record_change
 from webapp.models.memories import JOURNAL_WINDOW, MAX_CONTENT_CHARS, active_memories, content_hash_of
 from webapp.timeutil import utcnow
@@ -15,17 +16,27 @@ DESCRIPTION = (
 
 
 def save_memory(context: ToolContext, content: str, memory_type: str) -> dict[str, Any]:
-    """Save a memory for the agent that called the tool, and say when it will fade."""
+    """Save a memory for the agent that called the tool, heard by whoever may read this chat, and say when it
+    will fade."""
     content = content.strip()
     if not content:
         return {"error": "content must not be empty."}
 
+    # Only a memory heard here counts as already known: one heard elsewhere would stay unheard in this chat.
     existing = db.session.scalar(
-        active_memories(context.agent.id).where(AgentMemory.content_hash == content_hash_of(content)).limit(1)
+        active_memories(context.agent.id)
+        .where(AgentMemory.content_hash == content_hash_of(content), memories_heard_in(context.chat))
+        .limit(1)
     )
     if existing is not None:  # e.g. a retried reply running the same call again
         return {"saved": False, "memory_id": existing.id, "note": "You already remember exactly this."}
-    memory = AgentMemory(agent=context.agent, content=content, memory_type=memory_type)
+    memory = AgentMemory(
+        agent=context.agent,
+        content=content,
+        memory_type=memory_type,
+        chat_id=context.chat.id,
+        audience="chat",  # whoever may read this chat, now and later (webapp.models.access)
+    )
     db.session.add(memory)
     # Provenance: the reply whose tool call saved it.
     record_change(

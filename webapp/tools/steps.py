@@ -1,5 +1,8 @@
 """How a tool call shows in the chat: a step while it runs ("Saving a memory…"), then a chip saying what it did,
-linked to the memory saved or the conversation borrowed from. Stored on the reply as plain JSON."""
+linked to the memory saved or the conversation borrowed from. Stored on the reply as plain JSON.
+
+A step or chip names (and links) another conversation only when it may be heard in the chat it shows in
+(webapp.models.access.chats_heard_in): whatever id the model wrote, no one there learns another chat's title."""
 
 from typing import Any
 
@@ -7,16 +10,17 @@ import sqlalchemy as sa
 
 from webapp.extensions import db
 from webapp.models import Chat, public_ids
+from webapp.models.access import chats_heard_in
 
 CHIP_CHARS = 80
 
 
-def running(name: str, arguments: dict[str, Any], account_id: int) -> dict[str, Any]:
-    """The step shown while the tool runs."""
+def running(name: str, arguments: dict[str, Any], chat: Chat) -> dict[str, Any]:
+    """The step shown in `chat` while the tool runs."""
     if name == "save_memory":
         label = "Saving a memory…"
     elif name == "borrow_context":
-        source = _chat_named(arguments.get("conversation_id"), account_id)
+        source = _chat_named(arguments.get("conversation_id"), chat)
         label = f"Reading “{source.display_title}”…" if source else "Reading another conversation…"
     elif name == "recall":
         label = f"Searching its memory for “{_cut(str(arguments.get('query', '')))}”…"
@@ -25,8 +29,8 @@ def running(name: str, arguments: dict[str, Any], account_id: int) -> dict[str, 
     return {"tool": name, "state": "running", "label": label}
 
 
-def finished(name: str, arguments: dict[str, Any], result: dict[str, Any], account_id: int) -> dict[str, Any]:
-    """The chip shown once the tool returned `result`."""
+def finished(name: str, arguments: dict[str, Any], result: dict[str, Any], chat: Chat) -> dict[str, Any]:
+    """The chip shown in `chat` once the tool returned `result`."""
     if "error" in result:
         verb = {"save_memory": "save a memory", "borrow_context": "read that conversation"}.get(name, name)
         return {"tool": name, "state": "failed", "chip": f"Could not {verb}: {_cut(result['error'])}"}
@@ -42,7 +46,7 @@ def finished(name: str, arguments: dict[str, Any], result: dict[str, Any], accou
             "memory_type": "core" if where == "core memory" else "journal",
         }
     if name == "borrow_context":
-        source = _chat_named(arguments.get("conversation_id"), account_id)
+        source = _chat_named(arguments.get("conversation_id"), chat)
         count = result.get("message_count", 0)
         title = source.display_title if source else "another conversation"
         chip = f"Borrowed {count} message{'' if count == 1 else 's'} from “{title}”"
@@ -58,11 +62,12 @@ def finished(name: str, arguments: dict[str, Any], result: dict[str, Any], accou
     return {"tool": name, "state": "done", "chip": f"Used {name.replace('_', ' ')}"}
 
 
-def _chat_named(conversation_id: Any, account_id: int) -> Chat | None:
+def _chat_named(conversation_id: Any, shown_in: Chat) -> Chat | None:
+    """The chat behind the id, if it may be heard where the step shows; else None (named as "another")."""
     chat_id = public_ids.decode(str(conversation_id or "").strip().strip("[]\"'"))
     if chat_id is None:
         return None
-    return db.session.scalar(sa.select(Chat).where(Chat.id == chat_id, Chat.account_id == account_id))
+    return db.session.scalar(sa.select(Chat).where(Chat.id == chat_id, chats_heard_in(shown_in)))
 
 
 def _cut(text: str) -> str:
