@@ -206,7 +206,7 @@ def main() -> None:
 def _dense_only(chats, text: str, vector) -> list:
     if vector is None:
         return []
-    nearest = search.backend().nearest("message", embedder.model_name(), vector, chats, 10)
+    nearest = search.backend().nearest("message", embedder.model_name(), vector, chats, None, 10)
     return search.excerpts([i for i, _ in nearest])
 
 

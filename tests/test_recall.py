@@ -271,3 +271,20 @@ def test_with_the_embedder_down_recall_answers_by_words(app, chat, ada):
     assert [h["content"] for h in hits] == ["The greenhouse key hangs by the door."]
     failed = db.session.scalars(sa.select(LlmCall).where(LlmCall.purpose == "embedding")).all()[-1]
     assert failed.status == "error"
+
+
+def test_the_scope_is_part_of_the_search_by_meaning_so_closer_rows_outside_it_never_crowd_it_out(
+    app, chat, ada
+):
+    """60 closer memories that have left the scope (deleted after their vectors were written, before the embed job
+    removes those) still leave the top of the search to the one inside it."""
+    gone = [factories.memory(ada, "My grandmother passed away last spring.") for _ in range(60)]
+    kept = factories.memory(ada, "My grandfather died last winter.")
+    _index(*gone, kept)
+    for memory in gone:
+        memory.soft_delete()
+    db.session.commit()
+
+    hits = _recall(ada, chat, "a death in the family")["results"]
+
+    assert [h["memory_id"] for h in hits if "memory_id" in h] == [kept.id]

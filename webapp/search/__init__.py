@@ -10,6 +10,7 @@ The scope of a search is a set of SQL conditions on the searched table, applied 
 vector query, so a top-k is never filled with rows that are then dropped.
 """
 
+import functools
 import logging
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -82,27 +83,25 @@ def memories(
     agent_id: int, text: str, k: int, *scope: sa.ColumnElement[bool], vector: np.ndarray | None = None
 ) -> list[AgentMemory]:
     """The agent's memories within the scope (conditions on AgentMemory) that best match text, best first."""
+    scope = (AgentMemory.agent_id == agent_id, *scope)
     lexical = _lexical(AgentMemory, text, scope)
     dense = []
     if vector is not None:
-        owners = sa.select(sa.literal(agent_id))
-        nearest = backend().nearest("memory", embedder.model_name(), vector, owners, CANDIDATES)
-        dense = _within_scope(AgentMemory, nearest, scope)
+        admitted = sa.select(AgentMemory.id).where(*scope)
+        dense = _dense("memory", vector, sa.select(sa.literal(agent_id)), admitted)
     ids = fuse(lexical, dense, k)
     found = {m.id: m for m in db.session.scalars(sa.select(AgentMemory).where(AgentMemory.id.in_(ids)))}
     return [found[i] for i in ids if i in found]
 
 
-def messages(
-    chats: sa.Select, text: str, k: int, *scope: sa.ColumnElement[bool], vector: np.ndarray | None = None
-) -> list[Excerpt]:
-    """Excerpts of the chats (a query of chat ids) around the readable messages that best match text."""
-    readable = (Message.chat_id.in_(chats), *READABLE, *scope)
+def messages(chats: sa.Select, text: str, k: int, *, vector: np.ndarray | None = None) -> list[Excerpt]:
+    """Excerpts of the chats (a query of chat ids) around the readable messages that best match text. Only the
+    readable turns have vectors (webapp.search.indexing), so the vector search is scoped by the chats alone."""
+    readable = (Message.chat_id.in_(chats), *READABLE)
     lexical = _lexical(Message, text, readable)
     dense = []
     if vector is not None:
-        nearest = backend().nearest("message", embedder.model_name(), vector, chats, CANDIDATES)
-        dense = _within_scope(Message, nearest, readable)
+        dense = _dense("message", vector, chats, admitted=None)
     return excerpts(fuse(lexical, dense, k))
 
 
@@ -117,14 +116,13 @@ def _lexical(model: type, text: str, scope: tuple) -> list[tuple[int, float]]:
     return [(row.id, -row.rank) for row in rows]
 
 
-def _within_scope(model: type, nearest: list[tuple[int, float]], scope: tuple) -> list[tuple[int, float]]:
-    """(id, cosine similarity) of the nearest rows that the scope admits, nearest first."""
-    if not nearest:
-        return []
-    admitted = set(
-        db.session.scalars(sa.select(model.id).where(model.id.in_([i for i, _ in nearest]), *scope))
-    )
-    return [(i, 1.0 - distance) for i, distance in nearest if i in admitted]
+def _dense(
+    kind: str, vector: np.ndarray, owners: sa.Select, admitted: sa.Select | None
+) -> list[tuple[int, float]]:
+    """(id, cosine similarity) of the rows nearest to the vector among the owners' (and, if given, among the
+    `admitted` ids: part of the vector query), nearest first."""
+    nearest = backend().nearest(kind, embedder.model_name(), vector, owners, admitted, CANDIDATES)
+    return [(i, 1.0 - distance) for i, distance in nearest]
 
 
 def fuse(lexical: list[tuple[int, float]], dense: list[tuple[int, float]], k: int) -> list[int]:
@@ -156,19 +154,13 @@ def excerpts(found_ids: list[int]) -> list[Excerpt]:
     whose stretches touch are one excerpt. In the order of each excerpt's best message."""
     if not found_ids:
         return []
-    found = {m.id: m for m in db.session.scalars(sa.select(Message).where(Message.id.in_(found_ids)))}
-    around = _neighbour_ids([found[i] for i in found_ids if i in found])
-    turns = {
-        m.id: m
-        for m in db.session.scalars(
-            sa.select(Message)
-            .where(Message.id.in_(around))
-            .options(joinedload(Message.chat), joinedload(Message.user), joinedload(Message.agent))
-        )
-    }
+    params = {f"id_{n}": message_id for n, message_id in enumerate(found_ids)}
+    turns = {m.id: m for m in db.session.scalars(_turns_around(len(found_ids)), params)}
     result: list[Excerpt] = []
     for message_id in found_ids:
-        if message_id not in turns:
+        if (
+            message_id not in turns
+        ):  # no longer readable (edited, failed): its vector goes with the next embed run
             continue
         stretch = _stretch(turns, turns[message_id])
         joined = next(
@@ -182,23 +174,24 @@ def excerpts(found_ids: list[int]) -> list[Excerpt]:
     return result
 
 
-def _neighbour_ids(found: list[Message]) -> list[int]:
-    """The ids of the found messages and of the readable turns around each: one small query per message,
-    each the same statement (built once, so SQLAlchemy's cache compiles it once)."""
-    around = {m.id for m in found}
-    for message in found:
-        around.update(db.session.scalars(_AROUND, {"chat_id": message.chat_id, "id": message.id}))
-    return sorted(around)
-
-
-def _around() -> sa.CompoundSelect:
-    same_chat = sa.select(Message.id).where(Message.chat_id == sa.bindparam("chat_id"), *READABLE)
-    before = same_chat.where(Message.id < sa.bindparam("id")).order_by(Message.id.desc()).limit(TURNS_BEFORE)
-    after = same_chat.where(Message.id > sa.bindparam("id")).order_by(Message.id).limit(TURNS_AFTER)
-    return sa.union_all(before.subquery().select(), after.subquery().select())
-
-
-_AROUND = _around()
+@functools.cache
+def _turns_around(count: int) -> sa.Select:
+    """One query of the found messages (bound as id_0 … id_{count-1}) that are readable and of the readable
+    turns around each in its chat. Built once for each number of found messages, so SQLAlchemy compiles each
+    once."""
+    parts = []
+    for n in range(count):
+        found = sa.bindparam(f"id_{n}", type_=sa.Integer)
+        chat_id = sa.select(Message.chat_id).where(Message.id == found).scalar_subquery()
+        same_chat = sa.select(Message.id).where(Message.chat_id == chat_id, *READABLE)
+        before = same_chat.where(Message.id < found).order_by(Message.id.desc()).limit(TURNS_BEFORE)
+        after = same_chat.where(Message.id > found).order_by(Message.id).limit(TURNS_AFTER)
+        parts += [sa.select(found), before.subquery().select(), after.subquery().select()]
+    return (
+        sa.select(Message)
+        .where(Message.id.in_(sa.union_all(*parts)), *READABLE)
+        .options(joinedload(Message.chat), joinedload(Message.user), joinedload(Message.agent))
+    )
 
 
 def _stretch(turns: dict[int, Message], message: Message) -> list[Message]:

@@ -167,20 +167,20 @@ def delete_vectors(kind: str, ids: list[int]) -> None:
         db.session.execute(sa.text(f"DELETE FROM {table} WHERE {key} = ANY(:ids)"), {"ids": list(ids)})
 
 
-def nearest(kind: str, model: str, vector: np.ndarray, owners: sa.Select, k: int) -> list[tuple[int, float]]:
-    """(id, cosine distance) of the k nearest vectors of this model among the owners', nearest first. The
-    nearest RESCORED * k by the Hamming distance of their sign bits come from an index-only scan of the
-    owners' range, then are ranked by their exact distance."""
+def nearest(
+    kind: str, model: str, vector: np.ndarray, owners: sa.Select, admitted: sa.Select | None, k: int
+) -> list[tuple[int, float]]:
+    """(id, cosine distance) of the k nearest vectors of this model among the owners' whose rows `admitted` (a
+    query of ids) holds, nearest first. The nearest RESCORED * k by the Hamming distance of their sign bits
+    come from an index-only scan of the owners' range, then are ranked by their exact distance."""
     name, key, owner, _rows = VECTOR_TABLES[kind]
     table = sa.table(name, sa.column(key), sa.column(owner), sa.column("model"), sa.column("bits"))
     query = sa.text("CAST(:query_vector AS vector)")
     by_bits = table.c.bits.op("<~>")(sa.func.binary_quantize(query))
-    candidates = (
-        sa.select(table.c[key])
-        .where(table.c[owner].in_(owners), table.c.model == model)
-        .order_by(by_bits)
-        .limit(RESCORED * k)
-    )
+    candidates = sa.select(table.c[key]).where(table.c[owner].in_(owners), table.c.model == model)
+    if admitted is not None:
+        candidates = candidates.where(table.c[key].in_(admitted))
+    candidates = candidates.order_by(by_bits).limit(RESCORED * k)
     distance = sa.literal_column(f"{name}.embedding").op("<=>")(query).label("distance")
     statement = (
         sa.select(table.c[key], distance).where(table.c[key].in_(candidates)).order_by(distance).limit(k)

@@ -105,10 +105,13 @@ def delete_vectors(kind: str, ids: list[int]) -> None:
         )
 
 
-def nearest(kind: str, model: str, vector: np.ndarray, owners: sa.Select, k: int) -> list[tuple[int, float]]:
+def nearest(
+    kind: str, model: str, vector: np.ndarray, owners: sa.Select, admitted: sa.Select | None, k: int
+) -> list[tuple[int, float]]:
     """(id, cosine distance) of the k nearest vectors of this model among the owners' (an agent's memories, or
-    the messages of some chats), nearest first. The nearest RESCORED * k by the Hamming distance of their
-    sign bits are read from the owners' range of a covering index, then ranked by their exact distance."""
+    the messages of some chats) whose ids `admitted` (a query of ids; None: all) holds, nearest first. The nearest
+    RESCORED * k by the Hamming distance of their sign bits are read from the owners' range of a covering
+    index, then ranked by their exact distance."""
     name, key, owner = VECTOR_TABLES[kind]
     table = sa.table(
         name, sa.column(key), sa.column(owner), sa.column("model"), sa.column("bits"), sa.column("embedding")
@@ -116,12 +119,12 @@ def nearest(kind: str, model: str, vector: np.ndarray, owners: sa.Select, k: int
     by_bits = sa.func.vec_distance_hamming(
         sa.func.vec_bit(table.c.bits), sa.func.vec_quantize_binary(_blob(vector))
     )
-    candidates = (
-        sa.select(table.c[key])
-        .where(table.c[owner].in_(owners), table.c.model == model)
-        .order_by(by_bits)
-        .limit(RESCORED * k)
-    )
+    candidates = sa.select(table.c[key]).where(table.c[owner].in_(owners), table.c.model == model)
+    if admitted is not None:
+        # "+key": the owners' range of the index is read, and each row in it checked against the admitted ids;
+        # a plain `key IN` makes SQLite look each admitted id up instead (many more reads).
+        candidates = candidates.where(sa.literal_column(f"+{name}.{key}").in_(admitted))
+    candidates = candidates.order_by(by_bits).limit(RESCORED * k)
     distance = sa.func.vec_distance_cosine(table.c.embedding, _blob(vector)).label("distance")
     statement = (
         sa.select(table.c[key], distance).where(table.c[key].in_(candidates)).order_by(distance).limit(k)
