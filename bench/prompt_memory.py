@@ -23,8 +23,7 @@ from statistics import median
 import numpy as np
 import sqlalchemy as sa
 
-from bench.common import bench_app
-from bench.recall import _text, _vocabulary
+from bench.common import bench_app, zipf_text, zipf_vocabulary
 from tests import factories
 from tests.querycount import count_queries
 from webapp import search
@@ -62,7 +61,7 @@ def _load(rng: random.Random) -> tuple:
     user = factories.user(account)
     agent = factories.agent(account, "Ada", enabled_tools=["save_memory", "recall"])
     others = [factories.agent(account, f"Agent{i}") for i in range(OTHER_AGENTS)]
-    words, weights = _vocabulary(rng)
+    words, weights = zipf_vocabulary(rng)
     now = utcnow()
 
     def memory(owner, content: str, days: float) -> dict:
@@ -70,7 +69,7 @@ def _load(rng: random.Random) -> tuple:
                 "constitutional": False, "created_at": now - timedelta(days=days), "updated_at": now}  # fmt: skip
 
     owners = [agent] * AGENT_MEMORIES + [others[i % OTHER_AGENTS] for i in range(MEMORIES - AGENT_MEMORIES)]
-    _insert(AgentMemory, [memory(o, _text(rng, words, weights), rng.uniform(0, 90)) for o in owners])
+    _insert(AgentMemory, [memory(o, zipf_text(rng, words, weights), rng.uniform(0, 90)) for o in owners])
     for fact in FACTS.values():
         factories.memory(agent, fact, "core")  # added today, through the ledger say
     chats = [Chat(account_id=account.id, title=f"Chat {i}") for i in range(max(1, MESSAGES // PER_CHAT))]
@@ -82,14 +81,14 @@ def _load(rng: random.Random) -> tuple:
     for start in range(0, MESSAGES, BATCH):
         _insert(Message, [
             {"chat_id": chats[i // PER_CHAT].id, "role": "user", "user_id": user.id, "status": "done",
-             "content": _text(rng, words, weights), "created_at": now, "updated_at": now}
+             "content": zipf_text(rng, words, weights), "created_at": now, "updated_at": now}
             for i in range(start, min(start + BATCH, MESSAGES))
         ])  # fmt: skip
     asked = []
     for question in FACTS:
         chat = factories.chat(account, [agent], question)
         for i in range(6):
-            factories.message(chat, _text(rng, words, weights), author=user if i % 2 else agent)
+            factories.message(chat, zipf_text(rng, words, weights), author=user if i % 2 else agent)
         factories.message(chat, question, author=user)
         asked.append(chat)
     return agent, asked

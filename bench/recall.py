@@ -19,7 +19,7 @@ from datetime import timedelta
 import numpy as np
 import sqlalchemy as sa
 
-from bench.common import bench_app
+from bench.common import bench_app, zipf_text, zipf_vocabulary
 from tests import factories
 from tests.querycount import count_queries
 from webapp import search
@@ -44,38 +44,6 @@ QUERIES = [
 ]
 
 
-PLACED = {
-    "the": 1,
-    "we": 8,
-    "roses": 30,
-    "tulips": 300,
-    "frost": 500,
-    "cake": 1_000,
-    "birthday": 2_000,
-    "grandmother": 3_000,
-    "greenhouse": 4_000,
-    "key": 600,
-}  # fmt: skip  (Zipf rank of the queried words)
-
-
-def _vocabulary(rng: random.Random) -> tuple[list[str], list[float]]:
-    """About 5,000 made-up words and the queried ones, Zipf-weighted: a few are everywhere, most are rare."""
-    syllables = ["ka", "lo", "mi", "ren", "tu", "sa", "vel", "do", "ra", "gin", "po", "che", "fa", "lu"]
-    made = sorted({"".join(rng.choice(syllables) for _ in range(rng.randint(2, 4))) for _ in range(6_000)})
-    rng.shuffle(made)
-    for word, rank in sorted(PLACED.items(), key=lambda item: item[1]):
-        made.insert(rank - 1, word)
-    cumulative, total = [], 0.0
-    for rank in range(len(made)):
-        total += 1 / (rank + 1)
-        cumulative.append(total)
-    return made, cumulative
-
-
-def _text(rng: random.Random, words: list[str], cumulative: list[float]) -> str:
-    return " ".join(rng.choices(words, cum_weights=cumulative, k=rng.randint(8, 20))).capitalize() + "."
-
-
 def _insert(model, rows: list[dict]) -> None:
     db.session.execute(sa.insert(model), rows)
     db.session.commit()
@@ -85,10 +53,10 @@ def _load(rng: random.Random) -> tuple:
     account = factories.account()
     user = factories.user(account)
     agents = [factories.agent(account, f"Agent{i}") for i in range(AGENTS)]
-    words, weights = _vocabulary(rng)
+    words, weights = zipf_vocabulary(rng)
     now = utcnow()
     memories = [
-        {"agent_id": agents[i % AGENTS].id, "content": _text(rng, words, weights), "memory_type": rng.choice(["core", "journal"]),
+        {"agent_id": agents[i % AGENTS].id, "content": zipf_text(rng, words, weights), "memory_type": rng.choice(["core", "journal"]),
          "constitutional": False, "created_at": now - timedelta(days=rng.randint(0, 90)), "updated_at": now}
         for i in range(MEMORIES)
     ]  # fmt: skip
@@ -107,7 +75,7 @@ def _load(rng: random.Random) -> tuple:
     for chat in chats:
         for _ in range(PER_CHAT):
             rows.append({"chat_id": chat.id, "role": "user", "user_id": user.id, "status": "done",
-                         "content": _text(rng, words, weights), "created_at": now, "updated_at": now})  # fmt: skip
+                         "content": zipf_text(rng, words, weights), "created_at": now, "updated_at": now})  # fmt: skip
         if len(rows) >= BATCH:
             _insert(Message, rows)
             rows = []
