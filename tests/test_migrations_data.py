@@ -66,3 +66,38 @@ def test_after_every_migration_the_word_index_follows_new_and_edited_memories_an
     memory.content = "The spare shed key is in the drawer."
     db.session.commit()
     assert found(AgentMemory, "greenhouse") == set() and found(AgentMemory, "drawer") == {memory.id}
+
+
+def test_upgrading_keeps_every_chat_readable_by_the_account_and_gives_each_agent_a_slug(tmp_path):
+    url = _empty_database(tmp_path)
+    env = {"DATABASE_URL": url}
+    assert flask("db", "upgrade", "5a7c9e1b3d60", env=env).returncode == 0
+    engine = sa.create_engine(url)
+    agent = (
+        "INSERT INTO agents (id, account_id, name, system_prompt, model_id, enabled_tools, core_token_budget, "
+        "paused, consolidates_direct_chats, members_see_memory, created_at, updated_at) VALUES "
+        "({id}, {account}, '{name}', '', 'm', '[]', 5000, false, true, 'prompt', '2026-01-01', '2026-01-01')"
+    )
+    with engine.begin() as conn:
+        conn.execute(sa.text(ROWS[0]))
+        for id_, account, name in [(1, 1, "Ada"), (2, 1, "ADA!"), (3, 1, "Zoë"), (4, 1, "🤖"), (5, 2, "Ada")]:
+            conn.execute(sa.text(agent.format(id=id_, account=account, name=name)))
+        conn.execute(
+            sa.text(
+                "INSERT INTO chats (id, account_id, title, manual_responses, memory_doc, created_at, updated_at, "
+                "last_message_at) VALUES (3, 1, 'Busy', true, '', '2026-01-01', '2026-01-01', '2026-01-01'), "
+                "(4, 2, 'Empty', true, '', '2026-01-02', '2026-01-02', '2026-01-02')"
+            )
+        )
+
+    result = flask("db", "upgrade", env=env)
+
+    assert result.returncode == 0, result.stderr
+    with engine.connect() as conn:
+        slugs = dict(conn.execute(sa.text("SELECT id, slug FROM agents")).all())
+        chats = conn.execute(
+            sa.text("SELECT id, visibility, source, started_by_id FROM chats ORDER BY id")
+        ).all()
+    engine.dispose()
+    assert slugs == {1: "ada", 2: "ada-2", 3: "zoe", 4: "agent", 5: "ada"}
+    assert [tuple(c) for c in chats] == [(3, "shared", "web", None), (4, "shared", "web", None)]

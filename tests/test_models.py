@@ -105,3 +105,26 @@ def test_core_token_usage_counts_only_active_core_memories(agent):
     assert not needs_refinement(agent)
     agent.core_token_budget = kept.token_estimate - 1
     assert needs_refinement(agent)
+
+
+def test_each_new_agent_gets_a_slug_unique_in_its_account_kept_across_renames(app):
+    from tests import factories
+    from webapp.extensions import db
+
+    acme, globex = factories.account(), factories.account("Globex")
+    ada = factories.agent(acme, "Ada")
+    ada_too = factories.agent(acme, "ADA!")
+    zoe = factories.agent(acme, "Zoë Brontë")
+    robot = factories.agent(acme, "🤖")
+    elsewhere = factories.agent(globex, "Ada")
+
+    assert [a.slug for a in (ada, ada_too, zoe, robot, elsewhere)] == [
+        "ada",
+        "ada-2",
+        "zoe-bronte",
+        "agent",
+        "ada",
+    ]
+    ada.name = "Ada Lovelace"
+    db.session.commit()
+    assert ada.slug == "ada"

@@ -2,6 +2,7 @@
 
 from webapp.models.accounts import Account, User, UserSession
 from webapp.models.agents import Agent
+from webapp.models.api_keys import ApiKey
 from webapp.models.audit import AuditLog
 from webapp.models.chats import Chat, ChatAgent, ChatPerson, Message
 from webapp.models.memories import AgentMemory, ReplySources
@@ -12,6 +13,7 @@ __all__ = [
     "Account",
     "Agent",
     "AgentMemory",
+    "ApiKey",
     "AuditLog",
     "Chat",
     "ChatAgent",

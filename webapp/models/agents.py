@@ -1,6 +1,7 @@
 from datetime import datetime
 
 import sqlalchemy as sa
+from slugify import slugify
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from webapp.extensions import JSON, db
@@ -14,15 +15,22 @@ DEFAULT_TOOLS = ("save_memory", "recall", "borrow_context")
 # What members may see of an agent's memory from a chat: everything its prompt holds, its core memories only,
 # or nothing. Admins always see what the prompt holds (and the ledger).
 MEMORY_VISIBILITY = ("prompt", "core", "none")
+MAX_SLUG_CHARS = 60
 
 
 class Agent(db.Model):
     __tablename__ = "agents"
-    __table_args__ = (sa.UniqueConstraint("account_id", "name", name="uq_agents_account_id_name"),)
+    __table_args__ = (
+        sa.UniqueConstraint("account_id", "name", name="uq_agents_account_id_name"),
+        sa.UniqueConstraint("account_id", "slug", name="uq_agents_account_id_slug"),
+    )
 
     id: Mapped[int] = mapped_column(primary_key=True)
     account_id: Mapped[int] = mapped_column(sa.ForeignKey("accounts.id"), index=True)
     name: Mapped[str] = mapped_column(sa.String(80))
+    # Its id for API clients (the `model` of /v1): made from its name when it is created (slug_for), unique in
+    # the account, and kept when it is renamed, so clients keep working.
+    slug: Mapped[str] = mapped_column(sa.String(MAX_SLUG_CHARS))
     system_prompt: Mapped[str] = mapped_column(sa.Text, default="")
     model_id: Mapped[str] = mapped_column(sa.String(200))
     enabled_tools: Mapped[list[str]] = mapped_column(JSON, default=lambda: list(DEFAULT_TOOLS))
@@ -43,6 +51,20 @@ class Agent(db.Model):
     account: Mapped[Account] = relationship()
     chat_agents: Mapped[list["ChatAgent"]] = relationship(back_populates="agent")  # noqa: F821
 
+    @staticmethod
+    def slug_for(account_id: int, name: str, taken: set[str] | None = None) -> str:
+        """A slug of the name unique in the account: lower-case ASCII words joined by hyphens, other scripts
+        transliterated ("Zoë" -> "zoe", "Юля" -> "iulia"), "agent" when nothing is left (an emoji); a slug taken
+        by another agent of the account gets -2, -3, …"""
+        if taken is None:
+            taken = set(db.session.scalars(sa.select(Agent.slug).where(Agent.account_id == account_id)))
+        base = slugify(name, max_length=MAX_SLUG_CHARS - 4) or "agent"
+        slug, n = base, 1
+        while slug in taken:
+            n += 1
+            slug = f"{base}-{n}"
+        return slug
+
     def memory_visible_to(self, user: User) -> str:
         """What this user may see of the agent's memory from a chat: "prompt", "core" or "none"."""
         return "prompt" if user.is_admin else self.members_see_memory
@@ -55,3 +77,11 @@ class Agent(db.Model):
     def identity(self) -> str:
         """The agent's system prompt, or the plain identity the specs fall back to."""
         return self.system_prompt.strip() or f"You are {self.name}."
+
+
+@sa.event.listens_for(Agent, "before_insert")
+def _give_a_slug(_mapper, connection, agent: Agent) -> None:
+    """Every new agent gets its slug, however it is made (the form, the demo seed, an import, a test)."""
+    if not agent.slug:
+        taken = set(connection.scalars(sa.select(Agent.slug).where(Agent.account_id == agent.account_id)))
+        agent.slug = Agent.slug_for(agent.account_id, agent.name, taken)

@@ -11,6 +11,7 @@ from webapp.models.agents import Agent
 from webapp.timeutil import utcnow
 
 CHAT_VISIBILITIES = ("private", "shared")  # private: its people only; shared: everyone of the account
+CHAT_SOURCES = ("web", "api")  # where it was started: Cairn's pages, or a client of the OpenAI-compatible API
 MESSAGE_ROLES = ("user", "assistant", "system", "tool")
 MESSAGE_STATUSES = ("pending", "streaming", "done", "failed")
 SUMMARY_COOLDOWN = timedelta(minutes=5)  # spec 003: at most one summary per agent and chat in this time
@@ -20,7 +21,10 @@ OTHER_CONVERSATIONS_LIMIT = 10
 
 class Chat(db.Model):
     __tablename__ = "chats"
-    __table_args__ = (sa.Index("ix_chats_account_id_last_message_at", "account_id", "last_message_at"),)
+    __table_args__ = (
+        sa.Index("ix_chats_account_id_last_message_at", "account_id", "last_message_at"),
+        sa.Index("ix_chats_started_by_id_client_conversation_id", "started_by_id", "client_conversation_id"),
+    )
 
     id: Mapped[int] = mapped_column(primary_key=True)
     account_id: Mapped[int] = mapped_column(sa.ForeignKey("accounts.id"))
@@ -32,6 +36,11 @@ class Chat(db.Model):
     )
     # Who started it; None for the chats made before chats had people.
     started_by_id: Mapped[int | None] = mapped_column(sa.ForeignKey("users.id"))
+    source: Mapped[str] = mapped_column(
+        sa.Enum(*CHAT_SOURCES, name="chat_source", native_enum=False, create_constraint=True), default="web"
+    )
+    # The id an API client gave the conversation (X-Cairn-Conversation, metadata.conversation_id or `user`).
+    client_conversation_id: Mapped[str | None] = mapped_column(sa.String(200))
     # True for a group chat: agents answer only when asked.
     manual_responses: Mapped[bool] = mapped_column(default=False)
     discarded_at: Mapped[datetime | None]
