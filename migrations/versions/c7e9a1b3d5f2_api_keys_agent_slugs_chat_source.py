@@ -63,7 +63,7 @@ def upgrade():
         batch_op.add_column(
             sa.Column(
                 "source",
-                sa.Enum("web", "api", name="chat_source", native_enum=False, create_constraint=True),
+                sa.Enum("web", "api", "mcp", name="chat_source", native_enum=False, create_constraint=True),
                 server_default="web",
                 nullable=False,
             )

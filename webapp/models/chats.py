@@ -11,7 +11,7 @@ from webapp.models.agents import Agent
 from webapp.timeutil import utcnow
 
 CHAT_VISIBILITIES = ("private", "shared")  # private: its people only; shared: everyone of the account
-CHAT_SOURCES = ("web", "api")  # where it was started: Cairn's pages, or a client of the OpenAI-compatible API
+CHAT_SOURCES = ("web", "api", "mcp")  # where it was started: Cairn's pages, the OpenAI-compatible API, or MCP
 MESSAGE_ROLES = ("user", "assistant", "system", "tool")
 MESSAGE_STATUSES = ("pending", "streaming", "done", "failed")
 SUMMARY_COOLDOWN = timedelta(minutes=5)  # spec 003: at most one summary per agent and chat in this time
