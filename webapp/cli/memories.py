@@ -8,6 +8,7 @@ from flask.cli import AppGroup
 from sqlalchemy.orm import contains_eager
 
 from webapp import search
+from webapp.cli.options import agent_option
 from webapp.extensions import db
 from webapp.jobs.consolidation import (
     consolidate_chat,
@@ -84,12 +85,12 @@ def consolidate(chat_id: int | None, now: bool) -> None:
 
 
 @memories_cli.command("reflect")
-@click.option("--agent", "agent_id", type=int, help="One agent (default: every agent with recent journal).")
+@agent_option(help="One agent, by name, slug or id (default: every agent with recent journal).")
 @click.option("--now", is_flag=True, help="Run inline instead of through the worker.")
-def reflect(agent_id: int | None, now: bool) -> None:
+def reflect(agent: Agent | None, now: bool) -> None:
     """Let agents promote journal entries to core memories."""
-    if agent_id is not None:
-        _run_one(reflect_agent, (agent_id,), now, f"agent {agent_id}")
+    if agent is not None:
+        _run_one(reflect_agent, (agent.id,), now, f"agent {agent.id}")
     elif not now:
         _run_one(reflect_all, (), now, "finder")
     else:
@@ -97,14 +98,12 @@ def reflect(agent_id: int | None, now: bool) -> None:
 
 
 @memories_cli.command("refine")
-@click.option(
-    "--agent", "agent_id", type=int, help="One agent, refined even if not due (default: every due agent)."
-)
+@agent_option(help="One agent, by name, slug or id, refined even if not due (default: every due agent).")
 @click.option("--now", is_flag=True, help="Run inline instead of through the worker.")
-def refine(agent_id: int | None, now: bool) -> None:
+def refine(agent: Agent | None, now: bool) -> None:
     """Run memory refinement sessions."""
-    if agent_id is not None:
-        _run_one(refine_agent, (agent_id, True), now, f"agent {agent_id}")
+    if agent is not None:
+        _run_one(refine_agent, (agent.id, True), now, f"agent {agent.id}")
     elif not now:
         _run_one(refine_due, (), now, "finder")
     else:
@@ -112,10 +111,10 @@ def refine(agent_id: int | None, now: bool) -> None:
 
 
 @memories_cli.command("dedup")
-@click.option("--agent", "agent_id", type=int, help="One agent (default: every agent).")
-def dedup(agent_id: int | None) -> None:
+@agent_option(help="One agent, by name, slug or id (default: every agent).")
+def dedup(agent: Agent | None) -> None:
     """Soft-delete repeated core memories (the oldest copy and constitutional ones stay), with audit rows."""
-    agent_ids = [agent_id] if agent_id is not None else db.session.scalars(sa.select(Agent.id)).all()
+    agent_ids = [agent.id] if agent is not None else db.session.scalars(sa.select(Agent.id)).all()
     for found in agent_ids:
         click.echo(f"agent {found}: {dedup_for_agent(found, session_id=None, via='cli')} duplicates removed")
 

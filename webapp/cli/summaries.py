@@ -4,6 +4,7 @@ import click
 import sqlalchemy as sa
 from flask.cli import AppGroup
 
+from webapp.cli.options import agent_option
 from webapp.extensions import db
 from webapp.jobs.queue import enqueue
 from webapp.jobs.summaries import summarize
@@ -35,13 +36,11 @@ def _missing(agent_id: int | None) -> list[ChatAgent]:
 
 
 @summaries_cli.command("backfill")
-@click.option("--agent", "agent_id", type=int, default=None, help="Only this agent (its id).")
+@agent_option(help="Only this agent: its name, slug or id.")
 @click.option("--now", is_flag=True, help="Generate inline instead of enqueueing one job per summary.")
-def backfill(agent_id: int | None, now: bool) -> None:
+def backfill(agent: Agent | None, now: bool) -> None:
     """Generate the missing summaries of active conversations (enqueued for the workers unless --now)."""
-    if agent_id is not None and db.session.get(Agent, agent_id) is None:
-        raise click.ClickException(f"No agent with id {agent_id}.")
-    missing = [(row.chat_id, row.agent_id) for row in _missing(agent_id)]
+    missing = [(row.chat_id, row.agent_id) for row in _missing(agent.id if agent else None)]
     if not now:
         for chat_id, row_agent_id in missing:
             enqueue(summarize, chat_id, row_agent_id)
