@@ -25,14 +25,10 @@ MESSAGE_CHARS = 400
 def recall(context: ToolContext, query: str) -> dict[str, Any]:
     """The agent's best-matching memories and conversation excerpts that may be heard in this chat, within the
     recall token budget."""
-    limit = current_app.config["RECALL_MAX_RESULTS"]
     agent, chat = context.agent, context.chat
-    vector = search.query_vector(query, agent_id=agent.id, chat_id=chat.id)
-    mine = (active_memories(agent.id).whereclause, memories_heard_in(chat))
-    memories = [_memory_hit(m) for m in search.memories(agent.id, query, limit, *mine, vector=vector)]
-    chats = conversations_of(agent, chat)
-    excerpts = [_excerpt_hit(e) for e in search.messages(chats, query, limit, vector=vector)]
-    results, left_out = _within_budget(_alternate(memories, excerpts)[:limit])
+    results, left_out = search_results(
+        agent, query, memories_heard_in(chat), conversations_of(agent, chats_heard_in(chat)), chat_id=chat.id
+    )
     if not results:
         return {"results": [], "note": "Nothing in your memory or your conversations matches those words."}
     answer: dict[str, Any] = {"results": results}
@@ -41,9 +37,30 @@ def recall(context: ToolContext, query: str) -> dict[str, Any]:
     return answer
 
 
-def conversations_of(agent: Agent, chat: Chat) -> sa.Select:
-    """The ids of the chats whose messages the agent may search in `chat`: those it takes part in, of its own
-    account, not discarded, that everyone present in `chat` may read (webapp.models.access.chats_heard_in)."""
+def search_results(
+    agent: Agent,
+    query: str,
+    heard: sa.ColumnElement[bool],
+    chats: sa.Select,
+    *,
+    chat_id: int | None = None,
+) -> tuple[list[dict[str, Any]], int]:
+    """Recall's search and result shape, for any audience: the agent's active memories that `heard` admits (a
+    condition on AgentMemory) and excerpts of the chats `chats` selects (ids), by turns, best first, within
+    the recall token budget; and how many matches did not fit. (The recall tool and the MCP server's
+    search_memory call this.)"""
+    limit = current_app.config["RECALL_MAX_RESULTS"]
+    vector = search.query_vector(query, agent_id=agent.id, chat_id=chat_id)
+    mine = (active_memories(agent.id).whereclause, heard)
+    memories = [_memory_hit(m) for m in search.memories(agent.id, query, limit, *mine, vector=vector)]
+    excerpts = [_excerpt_hit(e) for e in search.messages(chats, query, limit, vector=vector)]
+    return _within_budget(_alternate(memories, excerpts)[:limit])
+
+
+def conversations_of(agent: Agent, readable: sa.ColumnElement[bool]) -> sa.Select:
+    """The ids of the chats whose messages the agent may search: those it takes part in, of its own account,
+    not discarded, that `readable` admits (a condition on Chat from webapp.models.access: chats_heard_in a
+    chat, or readable_chats of a person)."""
     return (
         sa.select(ChatAgent.chat_id)
         .join(Chat, Chat.id == ChatAgent.chat_id)
@@ -51,7 +68,7 @@ def conversations_of(agent: Agent, chat: Chat) -> sa.Select:
             ChatAgent.agent_id == agent.id,
             Chat.account_id == agent.account_id,
             Chat.discarded_at.is_(None),
-            chats_heard_in(chat),
+            readable,
         )
     )
 

@@ -1,7 +1,7 @@
 from typing import Any
 
 from webapp.extensions import db
-from webapp.models import AgentMemory
+from webapp.models import Agent, AgentMemory, Chat
 from webapp.models.access import memories_heard_in
 from webapp.models.audit import record_change
 from webapp.models.memories import JOURNAL_WINDOW, MAX_CONTENT_CHARS, active_memories, content_hash_of
@@ -21,39 +21,60 @@ def save_memory(context: ToolContext, content: str, memory_type: str) -> dict[st
     content = content.strip()
     if not content:
         return {"error": "content must not be empty."}
+    # Provenance: the reply whose tool call saved it.
+    memory, saved = remember(
+        context.agent, context.chat, content, memory_type, via="save_memory", message_id=context.message.id
+    )
+    if not saved:  # e.g. a retried reply running the same call again
+        return {"saved": False, "memory_id": memory.id, "note": "You already remember exactly this."}
+    return {
+        "saved": True,
+        "memory_id": memory.id,
+        "memory_type": memory_type,
+        "note": fading_note(memory_type),
+    }
 
+
+def remember(
+    agent: Agent,
+    chat: Chat,
+    content: str,
+    memory_type: str,
+    *,
+    via: str,
+    user_id: int | None = None,
+    **provenance: Any,
+) -> tuple[AgentMemory, bool]:
+    """Save a memory of the agent from `chat` (heard by whoever may read that chat), with its audit row (`via`,
+    the person if one acted, and the provenance given), committed; or the identical active memory already heard
+    there. Returns the memory and whether it is new. (save_memory and the MCP server's save_memory call this.)"""
     # Only a memory heard here counts as already known: one heard elsewhere would stay unheard in this chat.
     existing = db.session.scalar(
-        active_memories(context.agent.id)
-        .where(AgentMemory.content_hash == content_hash_of(content), memories_heard_in(context.chat))
+        active_memories(agent.id)
+        .where(AgentMemory.content_hash == content_hash_of(content), memories_heard_in(chat))
         .limit(1)
     )
-    if existing is not None:  # e.g. a retried reply running the same call again
-        return {"saved": False, "memory_id": existing.id, "note": "You already remember exactly this."}
+    if existing is not None:
+        return existing, False
     memory = AgentMemory(
-        agent=context.agent,
+        agent=agent,
         content=content,
         memory_type=memory_type,
-        chat_id=context.chat.id,
+        chat_id=chat.id,
         audience="chat",  # whoever may read this chat, now and later (webapp.models.access)
     )
     db.session.add(memory)
-    # Provenance: the reply whose tool call saved it.
-    record_change(
-        memory,
-        "memory_create",
-        None,
-        via="save_memory",
-        chat_id=context.chat.id,
-        message_id=context.message.id,
-    )
+    record_change(memory, "memory_create", None, via=via, user_id=user_id, chat_id=chat.id, **provenance)
     db.session.commit()
+    return memory, True
+
+
+def fading_note(memory_type: str) -> str:
+    """When a memory just saved fades: a journal entry after 7 days, a core memory never."""
     if memory_type == "journal":
         fades = (utcnow() + JOURNAL_WINDOW).strftime("%Y-%m-%d")
-        note = f"Saved to your journal. It will fade after 7 days, on {fades}."
-    else:
-        note = "Saved to your core memory. Core memories are permanent."
-    return {"saved": True, "memory_id": memory.id, "memory_type": memory_type, "note": note}
+        return f"Saved to your journal. It will fade after 7 days, on {fades}."
+    return "Saved to your core memory. Core memories are permanent."
 
 
 TOOL = Tool(
