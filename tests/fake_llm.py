@@ -47,6 +47,7 @@ class FakeLLM:
         self.default_text = "ok"
         self.delay = 0.0  # seconds added to every answer
         self.chunk_delay = 0.0  # seconds between streamed chunks, to watch a reply arrive
+        self.embedding_delay = 0.0  # seconds added to every /v1/embeddings answer
         self.in_flight = 0  # requests of this test waiting out their delay (reset forgets older ones)
         self.max_in_flight = 0  # the most requests answered at the same time
         self._generation = 0  # bumped by reset: a request from an earlier test still sleeping is not counted
@@ -99,6 +100,7 @@ class FakeLLM:
         self.default_text = "ok"
         self.delay = 0.0
         self.chunk_delay = 0.0
+        self.embedding_delay = 0.0
         with self._lock:
             self.in_flight = self.max_in_flight = 0
             self._generation += 1
@@ -186,6 +188,7 @@ def _handler_for(fake: FakeLLM) -> type[BaseHTTPRequestHandler]:
             with fake._lock:
                 fake.embedding_requests.append(body)
             answer = fake._next_embedding(body.get("model", ""))
+            time.sleep(fake.embedding_delay)
             if answer is not None and answer.status != 200:
                 self._json(answer.status, {"error": {"message": answer.error, "type": "fake_error"}})
                 return

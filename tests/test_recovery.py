@@ -21,7 +21,7 @@ from webapp.factory import create_app
 from webapp.jobs.consolidation import consolidate_chat
 from webapp.jobs.queue import enqueue
 from webapp.jobs.refinement import refine_agent
-from webapp.models import AgentMemory, AuditLog, JobRun, LlmCall, Message
+from webapp.models import AgentMemory, AuditLog, EmbeddingQueue, JobRun, LlmCall, Message
 from webapp.runtime.processes import redis_server_argv
 from webapp.timeutil import utcnow
 
@@ -254,6 +254,47 @@ def test_a_worker_killed_mid_consolidation_is_requeued_without_duplicates_or_los
     contents = sorted(db.session.scalars(sa.select(AgentMemory.content)))
     assert contents == ["Ada: tulips in March", "Basil: tulips in March", "Cleo: tulips in March"]
     assert _fresh(type(chat), chat.id).last_consolidated_message_id is not None
+
+
+def test_a_worker_killed_mid_embedding_is_requeued_and_every_row_gets_its_vector_once(app, admin, fake_llm):
+    """200 memories written at once; the worker embedding them is killed after its first batch committed."""
+    embedder = {"EMBEDDING_BASE_URL": fake_llm.base_url, "EMBEDDING_MODEL": "fake-embedder"}
+    workers = Workers(app, JOB_RETRY_SECONDS="1,1,1", **embedder)
+    fake_llm.embedding_delay = 1.0  # a batch of 64 is one request
+    agent = factories.agent(admin.account)
+    db.session.add_all(
+        AgentMemory(agent=agent, content=f"Fact {i}: the greenhouse needs water.", memory_type="journal")
+        for i in range(200)
+    )
+    db.session.commit()  # queues 200 rows and one embedding run
+    try:
+        first = workers.start()
+        wait_for(lambda: 0 < _vectors() < 200, 60, "the first batch of vectors")
+
+        workers.kill(first)
+        killed_at = time.monotonic()
+        fake_llm.embedding_delay = 0.0
+        workers.start()
+
+        wait_for(lambda: _vectors() == 200 and _waiting() == 0, RECOVERY_SECONDS, "every vector")
+    finally:
+        workers.stop_all()
+    assert time.monotonic() - killed_at < RECOVERY_SECONDS
+    statuses = [r.status for r in _runs("embed_memories_and_messages")]
+    assert statuses[0] == "interrupted" and statuses[-1] == "done"
+    assert db.session.scalar(sa.text("SELECT count(DISTINCT memory_id) FROM memory_vectors")) == 200
+
+
+def _vectors() -> int:
+    db.session.rollback()
+    if not sa.inspect(db.session.connection()).has_table("memory_vectors"):
+        return 0
+    return db.session.scalar(sa.text("SELECT count(*) FROM memory_vectors"))
+
+
+def _waiting() -> int:
+    db.session.rollback()
+    return db.session.scalar(sa.select(sa.func.count()).select_from(EmbeddingQueue))
 
 
 def _memory_count() -> int:
