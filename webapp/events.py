@@ -6,6 +6,7 @@ greenlet rather than a request thread, and each user may hold at most STREAM_MAX
 member of a Redis sorted set scored by its expiry, so a slot of a process that died frees itself.
 """
 
+import contextlib
 import json
 import logging
 import os
@@ -43,15 +44,23 @@ def publish(chat_id: int, kind: str, message_id: int, text: str = "") -> None:
 def listen(chat_id: int, max_seconds: float, keepalive: float) -> Iterator[dict[str, Any] | None]:
     """Yield each event published for the chat, and None after `keepalive` seconds of silence, until
     max_seconds. A keepalive is also how a stream notices that its browser has left: the write fails."""
-    inbox = _relay().join(chat_id)
-    deadline = time.monotonic() + max_seconds
-    try:
+    with subscribed(chat_id) as inbox:
+        deadline = time.monotonic() + max_seconds
         while (left := deadline - time.monotonic()) > 0:
             try:
                 yield inbox.get(timeout=min(keepalive, left))
             except queue.Empty:
                 if deadline - time.monotonic() > 0:
                     yield None
+
+
+@contextlib.contextmanager
+def subscribed(chat_id: int) -> Iterator[queue.Queue]:
+    """The chat's events from now on, in a queue: subscribe before posting what a reply is asked for, and
+    none of its events is missed (an API client waiting for the reply)."""
+    inbox = _relay().join(chat_id)
+    try:
+        yield inbox
     finally:
         _relay().leave(chat_id, inbox)
 

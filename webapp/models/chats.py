@@ -90,6 +90,33 @@ class Chat(db.Model):
         """The one title every model sees: the chat's own, or a placeholder that never reveals the database id."""
         return self.title or "Untitled conversation"
 
+    @classmethod
+    def start(
+        cls,
+        person: "User",  # noqa: F821
+        agents: list[Agent],
+        *,
+        title: str = "",
+        source: str = "web",
+        client_conversation_id: str | None = None,
+    ) -> "Chat":
+        """A new chat of these agents, private to the person who starts it (added, not committed): with one
+        agent it answers every message, with several they answer when asked. Cairn's pages and its API clients
+        start chats alike; `source` says which."""
+        chat = cls(
+            account_id=person.account_id,
+            title=title,
+            visibility="private",
+            started_by_id=person.id,
+            source=source,
+            client_conversation_id=client_conversation_id,
+            manual_responses=len(agents) > 1,
+            chat_people=[ChatPerson(user_id=person.id, added_by_id=person.id)],
+        )
+        chat.chat_agents = [ChatAgent(agent=agent) for agent in agents]
+        db.session.add(chat)
+        return chat
+
     def mentioned_agents(self, text: str) -> list[Agent]:
         """The chat's agents named as @Name in text, in the order they are first mentioned."""
         lowered = text.lower()

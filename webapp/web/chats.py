@@ -171,16 +171,7 @@ def new() -> ResponseReturnValue:
         )
     if form.validate_on_submit():
         chosen = [a for a in _account_agents() if a.id in form.agent_ids.data]
-        chat = Chat(
-            account_id=current_user.account_id,
-            title=(form.title.data or "").strip(),
-            visibility="private",
-            started_by_id=current_user.id,
-            chat_people=[ChatPerson(user_id=current_user.id, added_by_id=current_user.id)],
-        )
-        chat.manual_responses = len(chosen) > 1
-        chat.chat_agents = [ChatAgent(agent=agent) for agent in chosen]
-        db.session.add(chat)
+        chat = Chat.start(current_user, chosen, title=(form.title.data or "").strip())
         db.session.commit()
         return redirect(url_for("chats.show", chat_id=chat.id), code=303)
     return render_template("chats/new.html", form=form), 422 if form.errors else 200
@@ -352,12 +343,8 @@ def send(chat_id: int) -> ResponseReturnValue:
     if not form.validate():
         return _composer_error(chat, form)
     content = form.content.data.strip()
-    posted = chat.add_message(role="user", content=content, user=current_user, status="done")
     asked = _asked(chat, content, ask)
-    replies = request_replies(chat, [a for a in asked if not a.paused])
-    after_new_message(chat)
-    db.session.commit()
-    _announce_new(chat, [posted, *replies])
+    posted, replies = post_message(chat, current_user, content, asked)
     return render_template(
         "chats/_sent.html",
         chat=chat,
@@ -366,6 +353,17 @@ def send(chat_id: int) -> ResponseReturnValue:
         nobody_asked=not asked,
         stuck_after=STUCK_AFTER,
     )
+
+
+def post_message(chat: Chat, person: User, content: str, asked: list[Agent]) -> tuple[Message, list[Message]]:
+    """Post a person's message and ask these agents (the paused ones excepted) to reply: commit, then tell the
+    chat's open pages. Cairn's pages and its API clients post alike."""
+    posted = chat.add_message(role="user", content=content, user=person, status="done")
+    replies = request_replies(chat, [a for a in asked if not a.paused])
+    after_new_message(chat)
+    db.session.commit()
+    _announce_new(chat, [posted, *replies])
+    return posted, replies
 
 
 def _asked(chat: Chat, content: str, ask: str) -> list[Agent]:
