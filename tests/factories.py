@@ -24,6 +24,8 @@ def user(acct: Account, email: str = "dana@example.com", role: str = "admin") ->
 def agent(acct: Account, name: str = "Ada", **fields) -> Agent:
     fields.setdefault("model_id", f"{name.lower()}-model")
     fields.setdefault("enabled_tools", ["save_memory"])
+    # As every agent made before issue 23: refinement applies at once. Tests of staged review ask for "staged".
+    fields.setdefault("background_changes", "automatic")
     row = Agent(account=acct, name=name, **fields)
     db.session.add(row)
     db.session.commit()

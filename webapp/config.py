@@ -198,6 +198,11 @@ def load(instance_path: str) -> dict:
         "REFINEMENT_MAX_MUTATIONS": _int("REFINEMENT_MAX_MUTATIONS", 10),
         "REFINEMENT_MAX_TURNS": _int("REFINEMENT_MAX_TURNS", 12),
         "REFINEMENT_TOKEN_FLOOR": _float("REFINEMENT_TOKEN_FLOOR", 0.5),
+        # Issue 23: a staged session's proposal expires after this many days undecided (kept for the audit);
+        # when refinement applied on its own removed more than this share of an agent's core memory in the last
+        # 30 days, its further merges, rewrites and deletes are staged whatever its setting.
+        "PROPOSAL_EXPIRY_DAYS": _int("PROPOSAL_EXPIRY_DAYS", 14),
+        "DRIFT_ALARM_SHARE": _float("DRIFT_ALARM_SHARE", 0.25),
         # Replies: how many model turns a tool loop may take, and how much transcript a prompt may carry.
         "REPLY_MAX_TOOL_TURNS": _int("REPLY_MAX_TOOL_TURNS", 5),
         "TRANSCRIPT_TOKEN_BUDGET": _int("TRANSCRIPT_TOKEN_BUDGET", 6000),
@@ -260,6 +265,8 @@ BOUNDS: dict[str, tuple[float | None, float | None]] = {
     "REFINEMENT_MAX_MUTATIONS": (1, None),
     "REFINEMENT_MAX_TURNS": (1, None),
     "REFINEMENT_TOKEN_FLOOR": (0, 1),
+    "PROPOSAL_EXPIRY_DAYS": (1, None),
+    "DRIFT_ALARM_SHARE": (0.01, 1),
     "REPLY_MAX_TOOL_TURNS": (1, None),
     "TRANSCRIPT_TOKEN_BUDGET": (1, None),
     "TRANSCRIPT_MAX_MESSAGES": (1, None),

@@ -6,6 +6,7 @@ from webapp.models.api_keys import ApiKey
 from webapp.models.audit import AuditLog
 from webapp.models.chats import Chat, ChatAgent, ChatPerson, Message
 from webapp.models.memories import AgentMemory, ReplySources
+from webapp.models.proposals import MemoryProposal, ProposedChange
 from webapp.models.runs import JobRun, LlmCall
 from webapp.models.search import EmbeddingQueue, SearchTableStats, SearchTermStats
 
@@ -21,7 +22,9 @@ __all__ = [
     "EmbeddingQueue",
     "JobRun",
     "LlmCall",
+    "MemoryProposal",
     "Message",
+    "ProposedChange",
     "ReplySources",
     "SearchTableStats",
     "SearchTermStats",

@@ -16,6 +16,9 @@ DEFAULT_TOOLS = ("save_memory", "recall", "borrow_context")
 # or nothing. Admins always see what the prompt holds (and the ledger).
 MEMORY_VISIBILITY = ("prompt", "core", "none")
 MAX_SLUG_CHARS = 60
+# How the merges, rewrites and deletes of its refinement sessions apply: at once, or staged as a proposal that an
+# admin approves (webapp.models.proposals). Additions (consolidation, reflection's promotions) always apply at once.
+BACKGROUND_CHANGES = ("automatic", "staged")
 
 
 class Agent(db.Model):
@@ -45,6 +48,11 @@ class Agent(db.Model):
     paused: Mapped[bool] = mapped_column(default=False)
     # Whether consolidation turns its idle one-to-one chats into memories too (group chats it always does).
     consolidates_direct_chats: Mapped[bool] = mapped_column(default=True)
+    # New agents stage their background changes for review; agents made before issue 23 kept "automatic".
+    background_changes: Mapped[str] = mapped_column(
+        sa.Enum(*BACKGROUND_CHANGES, name="background_changes", native_enum=False, create_constraint=True),
+        default="staged",
+    )
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 

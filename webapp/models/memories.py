@@ -41,6 +41,14 @@ def content_hash_of(content: str) -> str:
     return hashlib.sha256(normalized(content).encode()).hexdigest()
 
 
+def checked_content(content: str | None) -> str:
+    """A memory's text as it is kept (stripped), or ValueError when it is empty or too long."""
+    content = (content or "").strip()
+    if not 1 <= len(content) <= MAX_CONTENT_CHARS:
+        raise ValueError(f"Memory content must be 1 to {MAX_CONTENT_CHARS:,} characters.")
+    return content
+
+
 class AgentMemory(db.Model):
     __tablename__ = "agent_memories"
     __table_args__ = (
@@ -74,9 +82,7 @@ class AgentMemory(db.Model):
 
     @validates("content")
     def _validate_content(self, _key: str, content: str) -> str:
-        content = (content or "").strip()
-        if not 1 <= len(content) <= MAX_CONTENT_CHARS:
-            raise ValueError(f"Memory content must be 1 to {MAX_CONTENT_CHARS:,} characters.")
+        content = checked_content(content)
         self.content_hash = content_hash_of(content)
         self.token_estimate = count_tokens(content)
         return content

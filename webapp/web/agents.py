@@ -64,6 +64,14 @@ class AgentForm(FlaskForm):
         ],
         default="prompt",
     )
+    background_changes = RadioField(
+        "When refinement merges, rewrites or deletes its memories",
+        choices=[
+            SelectChoice("staged", "Staged for review: nothing changes until an admin approves it"),
+            SelectChoice("automatic", "Automatically: at once (each change can be undone afterwards)"),
+        ],
+        default="staged",
+    )
     consolidates_direct_chats = BooleanField("Turn its one-to-one chats into memories")
     paused = BooleanField("Paused (answers nothing, runs no memory jobs)")
 
@@ -106,6 +114,7 @@ def new() -> ResponseReturnValue:
         "core_token_budget": DEFAULT_CORE_TOKEN_BUDGET,
         "enabled_tools": list(DEFAULT_TOOLS),
         "consolidates_direct_chats": True,
+        "background_changes": "staged",
     }
     form = AgentForm(data=defaults)
     if form.validate_on_submit():
@@ -143,6 +152,7 @@ def _save(form: AgentForm, agent: Agent) -> None:
     agent.memory_token_budget = form.memory_token_budget.data
     agent.members_see_memory = form.members_see_memory.data
     agent.consolidates_direct_chats = form.consolidates_direct_chats.data
+    agent.background_changes = form.background_changes.data
     agent.paused = form.paused.data
     db.session.add(agent)
     db.session.commit()
