@@ -245,12 +245,17 @@ def load(instance_path: str) -> dict:
         "RATE_LIMIT_LOGIN_PER_ADDRESS": os.environ.get("RATE_LIMIT_LOGIN_PER_ADDRESS", "30 per 15 minutes"),
         # Proxies in front of gunicorn that set X-Forwarded-For/-Proto/-Host (0: the connection is the client).
         "TRUSTED_PROXY_HOPS": _int("TRUSTED_PROXY_HOPS", 0),
+        # The MCP server's HTTP process (webapp.mcp.http) listens on 127.0.0.1 at this port; the web process
+        # relays /mcp to it. Its requests are limited per API key, counted in the same storage.
+        "MCP_PORT": _int("MCP_PORT", 8002),
+        "RATE_LIMIT_MCP": os.environ.get("RATE_LIMIT_MCP", "120 per minute; 3000 per hour"),
     }
 
 
 # The range of every numeric setting (None: unbounded on that side), checked at start-up by validate().
 BOUNDS: dict[str, tuple[float | None, float | None]] = {
     "LOCAL_LLM_PORT": (1, 65_535),
+    "MCP_PORT": (1, 65_535),
     "LLM_TIMEOUT_SECONDS": (0.1, None),
     "EMBEDDING_TIMEOUT_SECONDS": (0.1, None),
     "JOB_MAX_RETRIES": (0, None),

@@ -12,6 +12,7 @@ from webapp import admin, config, llm, models  # noqa: F401  (models registers t
 from webapp.cli import register_cli
 from webapp.extensions import DATABASE_ID_MAX, csrf, db, login_manager, migrate
 from webapp.jobs import queue
+from webapp.mcp import proxy as mcp_proxy
 from webapp.timeutil import utcnow
 from webapp.web import agents, auth, chats, guards, health, people
 from webapp.web.markdown import render_markdown
@@ -37,7 +38,7 @@ def create_app(test_config: dict | None = None) -> Flask:
     queue.init_app(app)
     guards.init_app(app)
 
-    for blueprint in (auth.bp, agents.bp, chats.bp, health.bp, admin.bp, people.bp):
+    for blueprint in (auth.bp, agents.bp, chats.bp, health.bp, admin.bp, people.bp, mcp_proxy.bp):
         app.register_blueprint(blueprint)
     app.add_url_rule("/", "home", lambda: redirect(url_for("chats.index")))
     app.jinja_env.filters["markdown"] = render_markdown

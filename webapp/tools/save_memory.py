@@ -69,12 +69,12 @@ def remember(
     return memory, True
 
 
-def fading_note(memory_type: str) -> str:
+def fading_note(memory_type: str, whose: str = "your") -> str:
     """When a memory just saved fades: a journal entry after 7 days, a core memory never."""
     if memory_type == "journal":
         fades = (utcnow() + JOURNAL_WINDOW).strftime("%Y-%m-%d")
-        return f"Saved to your journal. It will fade after 7 days, on {fades}."
-    return "Saved to your core memory. Core memories are permanent."
+        return f"Saved to {whose} journal. It will fade after 7 days, on {fades}."
+    return f"Saved to {whose} core memory. Core memories are permanent."
 
 
 TOOL = Tool(

@@ -1,0 +1,162 @@
+"""The MCP server over streamable HTTP: `/mcp/<agent-slug>` with `Authorization: Bearer <API key>`.
+
+The SDK's transport is an ASGI (Starlette) app; this process serves it with uvicorn (`flask mcp http`, a process
+of its own under `make run` and in deploy/). It is stateless (each POST is answered whole, as JSON, with no
+session kept between requests), so it can be restarted, or run as several processes, without clients noticing.
+In front of it, a gate checks each request before the SDK sees it: a missing, unknown or revoked key is 401, a
+key past RATE_LIMIT_MCP is 429 with Retry-After, an agent not in the key's account is 404; errors are JSON in
+the OpenAI error shape that /v1 answers with.
+"""
+
+import json
+import logging
+import math
+import re
+import time
+from typing import Any
+
+import anyio.to_thread
+import sqlalchemy as sa
+import uvicorn
+from flask import Flask
+from limits import parse_many
+from limits.storage import storage_from_string
+from limits.strategies import FixedWindowRateLimiter
+from mcp.server.transport_security import TransportSecuritySettings
+from redis.exceptions import RedisError
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from webapp.extensions import db
+from webapp.mcp.keys import live_key
+from webapp.mcp.server import CALLER, Caller, build_server
+from webapp.models import Agent
+
+log = logging.getLogger(__name__)
+
+PATH = re.compile(r"^/mcp(?:/(?P<agent>[^/]+))?/?$")
+
+
+class Refusal(Exception):
+    """A request answered before the MCP server sees it: its status, message and headers."""
+
+    def __init__(self, status: int, message: str, kind: str, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.kind, self.headers = status, kind, headers or {}
+
+
+def create_asgi_app(app: Flask) -> ASGIApp:
+    """The SDK's streamable HTTP app for every agent (`/mcp/{agent}`), behind the gate."""
+    server = build_server(app)
+    inner = server.streamable_http_app(
+        streamable_http_path="/mcp/{agent}",
+        stateless_http=True,
+        json_response=True,
+        # The SDK's DNS-rebinding guard refuses any Host but localhost; it protects servers that trust whoever
+        # reaches them. Every request here carries an API key, which a rebound page cannot have.
+        transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+    )
+    return Gate(app, inner)
+
+
+class Gate:
+    """ASGI middleware: who a request acts as (its key's person and the agent its path names), or a refusal."""
+
+    def __init__(self, app: Flask, inner: ASGIApp):
+        self.app, self.inner = app, inner
+        self.limits = parse_many(app.config["RATE_LIMIT_MCP"])
+        storage = storage_from_string(app.config["RATELIMIT_STORAGE_URI"], **_storage_options(app))
+        self.limiter = FixedWindowRateLimiter(storage)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":  # the lifespan: the SDK's session manager starts and stops with it
+            await self.inner(scope, receive, send)
+            return
+        try:
+            scope[CALLER] = await anyio.to_thread.run_sync(self._admit, scope)
+        except Refusal as refusal:
+            await _refuse(send, refusal)
+            return
+        await self.inner(scope, receive, send)
+
+    def _admit(self, scope: Scope) -> Caller:
+        """The Caller of this request (in a worker thread: the database and the limit storage block)."""
+        found = PATH.match(scope["path"])
+        if found is None:
+            raise Refusal(404, "Not found: the MCP server is at /mcp/<agent-slug>.", "not_found")
+        with self.app.app_context():
+            key = live_key(_bearer(scope))
+            if key is None:
+                raise Refusal(
+                    401,
+                    "Invalid or revoked API key: send Authorization: Bearer <key> with a key from your account "
+                    "page.",
+                    "invalid_api_key",
+                    {"WWW-Authenticate": 'Bearer realm="cairn"'},
+                )
+            self._count(key.id)
+            slug = found["agent"]
+            agent_id = slug and db.session.scalar(
+                sa.select(Agent.id).where(Agent.account_id == key.user.account_id, Agent.slug == slug)
+            )
+            if not agent_id:
+                raise Refusal(
+                    404,
+                    f"No agent {slug!r} in your account: the MCP server is at /mcp/<agent-slug> (the ids "
+                    "GET /v1/models lists)."
+                    if slug
+                    else "Name the agent: the MCP server is at /mcp/<agent-slug>.",
+                    "model_not_found",
+                )
+            return Caller(agent_id, user_id=key.user_id)
+
+    def _count(self, key_id: int) -> None:
+        """Count a request against the key's limits; Refusal 429 past one. A storage outage lets it through
+        (as Flask-Limiter does for the pages), recorded in the log."""
+        identifiers = (self.app.config.get("RATELIMIT_KEY_PREFIX", "cairn"), "mcp", f"key:{key_id}")
+        try:
+            for item in self.limits:
+                if not self.limiter.hit(item, *identifiers):
+                    reset = self.limiter.get_window_stats(item, *identifiers).reset_time
+                    wait = max(1, math.ceil(reset - time.time()))
+                    raise Refusal(
+                        429,
+                        f"Too many requests with this key (RATE_LIMIT_MCP: {item}). Try again in {wait} s.",
+                        "rate_limit_exceeded",
+                        {"Retry-After": str(wait)},
+                    )
+        except RedisError as error:
+            log.warning("MCP rate limit not counted (storage unavailable): %s", error)
+
+
+def _bearer(scope: Scope) -> str:
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            scheme, _, secret = value.decode("latin-1").partition(" ")
+            return secret.strip() if scheme.lower() == "bearer" else ""
+    return ""
+
+
+def _storage_options(app: Flask) -> dict[str, Any]:
+    """Flask-Limiter's storage options for a Redis storage (timeouts); none for the in-memory one (tests)."""
+    if app.config["RATELIMIT_STORAGE_URI"].startswith("memory://"):
+        return {}
+    return app.config.get("RATELIMIT_STORAGE_OPTIONS", {})
+
+
+async def _refuse(send: Send, refusal: Refusal) -> None:
+    body = json.dumps(
+        {"error": {"message": str(refusal), "type": _error_type(refusal.status), "code": refusal.kind}}
+    ).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += [(k.lower().encode(), v.encode()) for k, v in refusal.headers.items()]
+    await send({"type": "http.response.start", "status": refusal.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _error_type(status: int) -> str:
+    return {401: "authentication_error", 429: "rate_limit_error"}.get(status, "invalid_request_error")
+
+
+def serve(app: Flask, host: str, port: int) -> None:
+    """Serve the MCP app with uvicorn until stopped (SIGTERM or Ctrl-C ends it gracefully)."""
+    uvicorn.run(create_asgi_app(app), host=host, port=port, log_level="warning")
