@@ -1,10 +1,13 @@
-"""Agents: list, create, edit (admins only)."""
+"""Agents: list, create, edit, download as a file and upload one (admins only)."""
+
+import json
 
 import sqlalchemy as sa
-from flask import Blueprint, current_app, flash, redirect, render_template, url_for
+from flask import Blueprint, Response, current_app, flash, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 from flask_login import current_user
 from flask_wtf import FlaskForm
+from flask_wtf.file import FileField, FileRequired
 from wtforms import (
     BooleanField,
     IntegerField,
@@ -18,6 +21,9 @@ from wtforms.fields.choices import SelectChoice
 from wtforms.validators import DataRequired, Length, NumberRange, Optional, Regexp, ValidationError
 
 from webapp import llm
+from webapp.agent_files.errors import AgentFileError, NameTaken
+from webapp.agent_files.export import export_agent, record_export
+from webapp.agent_files.restore import import_agent, read
 from webapp.extensions import db
 from webapp.models import Agent
 from webapp.models.agents import DEFAULT_CORE_TOKEN_BUDGET, DEFAULT_TOOLS
@@ -25,6 +31,7 @@ from webapp.tools import REPLY_TOOLS
 from webapp.web.auth import admin_required, owned_or_404
 
 bp = Blueprint("agents", __name__, url_prefix="/agents")
+MAX_FILE_BYTES = 64 * 1024 * 1024  # an uploaded agent file
 
 # What each tool does, in words for the person setting up an agent (the descriptions are written for the model).
 TOOL_LABELS = {
@@ -95,14 +102,65 @@ class AgentForm(FlaskForm):
             raise ValidationError("Another agent already has this name.")
 
 
+class ImportForm(FlaskForm):
+    file = FileField("Agent file (.cairn.json, or a Letta .af)", validators=[FileRequired("Choose a file.")])
+    name = StringField(
+        "Name here (empty: the file's)",
+        validators=[Optional(), Length(max=40)],
+        filters=[lambda text: text.strip() if text else text],
+    )
+
+
 @bp.get("/")
 @admin_required
 def index() -> ResponseReturnValue:
-    """Every agent of the account."""
+    """Every agent of the account, and the form to import one from a file."""
+    return _index_page(ImportForm())
+
+
+def _index_page(form: ImportForm) -> str:
     agents = db.session.scalars(
         sa.select(Agent).where(Agent.account_id == current_user.account_id).order_by(Agent.name)
     ).all()
-    return render_template("agents/index.html", agents=agents)
+    return render_template("agents/index.html", agents=agents, import_form=form)
+
+
+@bp.post("/import")
+@admin_required
+def import_file() -> ResponseReturnValue:
+    """Restore an agent from an uploaded file as a new agent of the account, or say why the file is refused."""
+    request.max_content_length = MAX_FILE_BYTES
+    form = ImportForm()
+    if form.validate_on_submit():
+        try:
+            document = read(form.file.data.read())
+            imported = import_agent(
+                document, current_user.account, name=form.name.data or None, by=current_user, via="web"
+            )
+        except NameTaken as refusal:
+            form.name.errors = [*form.name.errors, f"{refusal} Give it another name here."]
+        except AgentFileError as refusal:
+            form.file.errors = [*form.file.errors, f"{refusal} Nothing was imported."]
+        else:
+            flash(imported.summary())
+            return redirect(url_for("admin.ledger", agent_id=imported.agent.id), code=303)
+    return _index_page(form), 422
+
+
+@bp.post("/<int:agent_id>/export")
+@admin_required
+def export(agent_id: int) -> ResponseReturnValue:
+    """Download the agent as a cairn-agent file; with chats, those the admin may read (the export is audited)."""
+    agent = owned_or_404(Agent, agent_id)
+    document = export_agent(agent, with_chats=request.form.get("with_chats") == "1", reader=current_user)
+    record_export(agent, document, user=current_user, via="web")
+    db.session.commit()
+    name = f"{agent.slug or 'agent'}.cairn.json"
+    return Response(
+        json.dumps(document, ensure_ascii=False, indent=2),
+        mimetype="application/json",
+        headers={"Content-Disposition": f'attachment; filename="{name}"', "Cache-Control": "no-store"},
+    )
 
 
 @bp.route("/new", methods=["GET", "POST"])
