@@ -24,7 +24,16 @@ def test_defaults_need_no_configuration(bare_env, tmp_path):
     assert settings["SQLALCHEMY_DATABASE_URI"] == f"sqlite:///{tmp_path / 'cairn.db'}"
     assert settings["EMBEDDED_REDIS"] and settings["REDIS_URL"] == f"unix://{tmp_path / 'redis.sock'}"
     assert settings["LOCAL_LLM"] and settings["LLM_BASE_URL"] == "http://127.0.0.1:8088/v1"
-    assert procfile_names(settings) == ["web", "worker", "replies", "scheduler", "redis", "llm", "ready"]
+    assert procfile_names(settings) == [
+        "web",
+        "mcp",
+        "worker",
+        "replies",
+        "scheduler",
+        "redis",
+        "llm",
+        "ready",
+    ]
 
 
 def test_the_generated_secret_key_is_kept_for_every_process(bare_env, tmp_path):
@@ -47,7 +56,7 @@ def test_variables_switch_to_external_services(bare_env, tmp_path, monkeypatch):
     assert not settings["EMBEDDED_REDIS"] and settings["REDIS_URL"] == "redis://cache.internal:6379/0"
     assert not settings["LOCAL_LLM"] and settings["LLM_BASE_URL"] == "https://llm.example.test/api/v1"
     assert settings["MODEL_PRICES"] == {"m": {"input": 1.5, "output": 6}}
-    assert procfile_names(settings) == ["web", "worker", "replies", "scheduler", "ready"]
+    assert procfile_names(settings) == ["web", "mcp", "worker", "replies", "scheduler", "ready"]
 
 
 # Validation at start-up (issue 12, item 14)

@@ -13,6 +13,7 @@ DEPLOY = ROOT / "deploy"
 SERVICES = [
     "cairn-web.service",
     "cairn-streams.service",
+    "cairn-mcp.service",
     "cairn-worker@.service",
     "cairn-replies@.service",
     "cairn-scheduler.service",
@@ -36,13 +37,14 @@ def test_each_process_is_restarted_for_ever(name):
     assert unit["Service"]["EnvironmentFile"] == "/etc/cairn/cairn.env"
 
 
-def test_the_target_starts_web_streams_two_workers_a_replies_only_worker_and_one_scheduler():
+def test_the_target_starts_web_streams_mcp_two_workers_a_replies_only_worker_and_one_scheduler():
     wants = _unit("cairn.target")["Unit"]["Wants"].split()
 
     assert sorted(wants) == sorted(
         [
             "cairn-web.service",
             "cairn-streams.service",
+            "cairn-mcp.service",
             "cairn-worker@1.service",
             "cairn-worker@2.service",
             "cairn-replies@1.service",
@@ -59,6 +61,7 @@ def test_the_units_run_the_commands_the_readme_gives():
     assert commands["cairn-scheduler.service"] == "/opt/cairn/.venv/bin/flask schedule run"
     assert "--worker-class gthread" in commands["cairn-web.service"]
     assert "--worker-class gevent" in commands["cairn-streams.service"]
+    assert commands["cairn-mcp.service"] == "/opt/cairn/.venv/bin/flask mcp http --host 127.0.0.1 --port 8002"
     assert _unit("cairn-web.service")["Service"]["ExecStartPre"] == "/opt/cairn/.venv/bin/flask check"
     assert (ROOT / "worker.py").exists()
 
@@ -77,6 +80,7 @@ def test_systemd_accepts_the_units(tmp_path):
     names = [
         "cairn-web.service",
         "cairn-streams.service",
+        "cairn-mcp.service",
         "cairn-worker@1.service",
         "cairn-replies@1.service",
         "cairn-scheduler.service",

@@ -77,6 +77,7 @@ def test_make_run_survives_crashes_of_worker_scheduler_and_redis_and_stops_clean
         "LLM_BASE_URL": fake_llm.base_url,
         "PORT": str(port),
         "CAIRN_WEB_PORT": str(port),
+        "MCP_PORT": str(free_port()),
         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
     }
     if POSTGRES_URL:
@@ -89,7 +90,7 @@ def test_make_run_survives_crashes_of_worker_scheduler_and_redis_and_stops_clean
         capture_output=True,
         text=True,
     ).stdout.split()
-    assert names == ["web", "worker", "replies", "scheduler", "redis", "ready"]
+    assert names == ["web", "mcp", "worker", "replies", "scheduler", "redis", "ready"]
 
     output_file = tmp_path / "honcho.log"
     with output_file.open("wb") as output:
@@ -101,6 +102,8 @@ def test_make_run_survives_crashes_of_worker_scheduler_and_redis_and_stops_clean
         wait_for(lambda: _healthy(port), seconds=60, what="GET /healthz to report all up")
         wait_for(lambda: "Cairn is up at" in output_file.read_text(), what="the URL to be printed")
         web = _processes_of(instance, "gunicorn")
+        # web relays /mcp to the MCP process, which refuses a request without an API key
+        wait_for(lambda: _mcp_status(port) == 401, what="POST /mcp/<agent> to reach the MCP process")
         wait_for(lambda: _worker_queues(instance) == WORKERS, what="a general and a replies-only worker")
         for crashed in ("worker.py", "schedule run", "redis-server"):  # both workers, for worker.py
             before = _processes_of(instance, crashed)
@@ -175,6 +178,17 @@ def _processes_of(instance: Path, command: str) -> set[int]:
 def _answers(port: int, path: str) -> int:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
         return response.status
+
+
+def _mcp_status(port: int) -> int | None:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/mcp/ada", b"{}", method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+    except OSError:
+        return None
 
 
 def _healthy(port: int) -> dict | None:

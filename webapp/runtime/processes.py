@@ -1,13 +1,14 @@
 """The processes `make run` starts (the Procfile), each kept running by a supervisor, and the embedded services.
 
     python -m webapp.runtime.processes names        # the Procfile entries this configuration needs
-    python -m webapp.runtime.processes run NAME     # run web, worker, replies, scheduler, redis or llm, supervised
+    python -m webapp.runtime.processes run NAME     # run one of them (web, mcp, worker, ...), supervised
     python -m webapp.runtime.processes ready        # print the URL and the demo login once everything is up
     python -m webapp.runtime.processes llm-server PORT   # the local model's OpenAI-compatible server, quiet
 
 A crash of any one process is restarted with backoff (webapp/runtime/supervisor.py) while the others keep running.
 Two workers run: `worker` takes replies first, then background memory work; `replies` takes replies only, so a
-reply is answered at once even while `worker` spends minutes on a consolidation.
+reply is answered at once even while `worker` spends minutes on a consolidation. `mcp` is the MCP server over
+HTTP (`flask mcp http`, on 127.0.0.1:MCP_PORT), which web relays /mcp to, so everything is on web's one port.
 Ctrl-C leaves nothing behind: honcho SIGTERMs each supervisor, which stops its child; the embedded
 redis-server is stopped last, once the worker and scheduler have let go of it.
 """
@@ -197,8 +198,9 @@ def web_argv(port: int | str) -> list[str]:
 
 
 def procfile_names(settings: dict) -> list[str]:
-    """The Procfile processes to start: web, the two workers, scheduler, the embedded services when needed, ready."""
-    names = ["web", "worker", "replies", "scheduler"]
+    """The Procfile processes to start: web, mcp, the two workers, scheduler, the embedded services when needed,
+    ready."""
+    names = ["web", "mcp", "worker", "replies", "scheduler"]
     if settings["EMBEDDED_REDIS"]:
         names.append("redis")
     if settings["LOCAL_LLM"]:
@@ -212,6 +214,8 @@ def service(name: str, settings: dict, instance: Path) -> Service:
     flask = str(Path(python).parent / "flask")
     if name == "web":
         return Service(name, web_argv(os.environ.get("PORT", "5000")))
+    if name == "mcp":
+        return Service(name, [flask, "mcp", "http"])  # on 127.0.0.1:MCP_PORT
     if name == "worker":
         return Service(name, [python, str(PROJECT_ROOT / "worker.py")])
     if name == "replies":
@@ -241,7 +245,9 @@ def service(name: str, settings: dict, instance: Path) -> Service:
             ),
             on_exit=lambda: marker.unlink(missing_ok=True),
         )
-    raise SystemExit(f"No process named {name!r}; expected web, worker, replies, scheduler, redis or llm.")
+    raise SystemExit(
+        f"No process named {name!r}; expected web, mcp, worker, replies, scheduler, redis or llm."
+    )
 
 
 def llm_ready_marker(instance: Path) -> Path:
