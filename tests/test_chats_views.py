@@ -515,7 +515,7 @@ def test_a_person_chooses_the_name_others_see_on_their_messages(client, auth, ad
 
     chat = factories.chat(admin.account, [ada])
     auth.login(member)
-    assert 'name="name"' in client.get("/account/password").text
+    assert 'name="name"' in client.get("/account").text
 
     saved = client.post("/account/name", data={"name": "  Milo   Park "})
     taken = client.post("/account/name", data={"name": "ada"})
@@ -542,7 +542,7 @@ def test_a_person_chooses_the_name_others_see_on_their_messages(client, auth, ad
 def test_the_name_form_needs_the_csrf_token(app, client, auth, member):
     auth.login(member)
     app.config["WTF_CSRF_ENABLED"] = True  # the other tests switch it off
-    page = client.get("/account/password").text
+    page = client.get("/account").text
     token = re.search(r'id="name-csrf_token" name="csrf_token" type="hidden" value="([^"]+)"', page).group(1)
 
     refused = client.post("/account/name", data={"name": "Milo"})

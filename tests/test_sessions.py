@@ -120,9 +120,9 @@ def test_the_password_page_is_linked_and_shows_its_form(client, auth, admin):
     auth.login(admin)
 
     chats = client.get("/chats/").text
-    page = client.get("/account/password")
+    page = client.get("/account")
 
-    assert 'href="/account/password"' in chats
+    assert 'href="/account"' in chats
     assert page.status_code == 200 and 'name="current_password"' in page.text
     assert 'autocomplete="new-password"' in page.text
 

@@ -8,7 +8,7 @@ from flask import Flask, redirect, url_for
 from werkzeug.exceptions import NotFound
 from werkzeug.routing import IntegerConverter
 
-from webapp import admin, config, llm, models  # noqa: F401  (models registers the tables)
+from webapp import admin, api, config, llm, models  # noqa: F401  (models registers the tables)
 from webapp.cli import register_cli
 from webapp.extensions import DATABASE_ID_MAX, csrf, db, login_manager, migrate
 from webapp.jobs import queue
@@ -37,6 +37,7 @@ def create_app(test_config: dict | None = None) -> Flask:
     llm.init_app(app)
     queue.init_app(app)
     guards.init_app(app)
+    api.init_app(app)
 
     for blueprint in (auth.bp, agents.bp, chats.bp, health.bp, admin.bp, people.bp, mcp_proxy.bp):
         app.register_blueprint(blueprint)

@@ -16,8 +16,9 @@ from wtforms import EmailField, PasswordField, StringField
 from wtforms.validators import DataRequired, EqualTo, InputRequired, Length, ValidationError
 
 from webapp.extensions import DATABASE_ID_MAX, db, limiter, login_manager
-from webapp.models import Agent, Chat, User, access
+from webapp.models import Agent, ApiKey, Chat, User, access
 from webapp.models.accounts import MAX_NAME_CHARS, password_problem
+from webapp.models.api_keys import MAX_NAME_CHARS as MAX_KEY_NAME_CHARS
 from webapp.web import guards
 
 M = TypeVar("M", bound=db.Model)
@@ -37,6 +38,17 @@ def _load_user(session_token: str) -> User | None:
 class LoginForm(FlaskForm):
     email = EmailField("Email", validators=[DataRequired(), Length(max=254)])
     password = PasswordField("Password", validators=[DataRequired(), Length(max=200)])
+
+
+class ApiKeyForm(FlaskForm):
+    key_name = StringField(
+        "Name of the new key",
+        validators=[
+            DataRequired("Name the key after the app or script that uses it."),
+            Length(max=MAX_KEY_NAME_CHARS),
+        ],
+        render_kw={"placeholder": "e.g. Open WebUI on my laptop", "autocomplete": "off"},
+    )
 
 
 def _failed_sign_in(response: Response) -> bool:
@@ -129,10 +141,20 @@ def logout() -> ResponseReturnValue:
     return redirect(url_for("auth.login"), code=303)
 
 
+@bp.get("/account")
+@login_required
+def account() -> ResponseReturnValue:
+    """One's account: the name others see, the password, and the API keys that act as oneself."""
+    return _account_page()
+
+
 @bp.route("/account/password", methods=["GET", "POST"])
 @login_required
 def password() -> ResponseReturnValue:
-    """Change one's own password; every other sign-in of the user ends, and this one starts afresh."""
+    """Change one's own password; every other sign-in of the user ends, and this one starts afresh. (The
+    account page was here: a GET goes there.)"""
+    if request.method == "GET":
+        return redirect(url_for("auth.account"), code=301)
     form = PasswordForm()
     if form.validate_on_submit():
         user = current_user._get_current_object()
@@ -141,7 +163,7 @@ def password() -> ResponseReturnValue:
         _sign_in(user)
         flash("Password changed. Every other sign-in with the old password has been signed out.")
         return redirect(url_for("chats.index"), code=303)
-    return _account_page(form, NameForm(data={"name": current_user.name}))
+    return _account_page(password_form=form)
 
 
 @bp.post("/account/name")
@@ -153,13 +175,66 @@ def name() -> ResponseReturnValue:
         current_user.name = " ".join(form.name.data.split()) or None
         db.session.commit()
         flash(f"Others now see your messages as {current_user.display_name}'s.")
-        return redirect(url_for("auth.password"), code=303)
-    return _account_page(PasswordForm(formdata=None), form)
+        return redirect(url_for("auth.account"), code=303)
+    return _account_page(name_form=form)
 
 
-def _account_page(password_form: PasswordForm, name_form: NameForm) -> ResponseReturnValue:
-    html = render_template("auth/password.html", form=password_form, name_form=name_form)
-    return html, 422 if password_form.errors or name_form.errors else 200
+@bp.post("/account/keys")
+@login_required
+def create_key() -> ResponseReturnValue:
+    """Make an API key that acts as oneself; its secret is shown on this one page and never again."""
+    form = ApiKeyForm()
+    if not form.validate_on_submit():
+        return _account_page(key_form=form)
+    key, secret = ApiKey.issue(current_user._get_current_object(), form.key_name.data)
+    db.session.commit()
+    response = _account_page(key_form=ApiKeyForm(formdata=None), new_key=key, secret=secret)
+    response.headers["Cache-Control"] = "no-store"  # the secret is in this page only
+    return response
+
+
+@bp.post("/account/keys/<int:key_id>/revoke")
+@login_required
+def revoke_key(key_id: int) -> ResponseReturnValue:
+    """Revoke one of one's own API keys: clients using it are refused from the next request on."""
+    key = db.session.scalar(
+        sa.select(ApiKey).where(
+            ApiKey.id == key_id, ApiKey.user_id == current_user.id, ApiKey.revoked_at.is_(None)
+        )
+    )
+    if key is None:
+        abort(404)
+    key.revoke()
+    db.session.commit()
+    flash(f"Revoked the key “{key.name}”: clients using it are refused from now on.")
+    return redirect(url_for("auth.account", _anchor="api-keys"), code=303)
+
+
+def _account_page(
+    *,
+    password_form: PasswordForm | None = None,
+    name_form: NameForm | None = None,
+    key_form: ApiKeyForm | None = None,
+    new_key: ApiKey | None = None,
+    secret: str | None = None,
+) -> Response:
+    """The account page; a form given has been posted (with its errors, the page is a 422)."""
+    forms = {
+        "form": password_form or PasswordForm(formdata=None),
+        "name_form": name_form or NameForm(formdata=None, data={"name": current_user.name}),
+        "key_form": key_form or ApiKeyForm(formdata=None),
+    }
+    keys = db.session.scalars(
+        sa.select(ApiKey)
+        .where(ApiKey.user_id == current_user.id, ApiKey.revoked_at.is_(None))
+        .order_by(ApiKey.created_at.desc(), ApiKey.id.desc())
+    ).all()
+    api_base = url_for("api.models", _external=True).removesuffix("/models")
+    html = render_template(
+        "auth/account.html", keys=keys, new_key=new_key, secret=secret, api_base=api_base, **forms
+    )
+    failed = any(f.errors for f in forms.values())
+    return Response(html, status=422 if failed else 200)
 
 
 def _sign_in(user: User) -> None:

@@ -3,7 +3,7 @@ that no database column can store (PostgreSQL rejects NUL in text)."""
 
 import time
 
-from flask import Flask, Response, current_app, render_template, request
+from flask import Flask, Response, current_app, g, render_template, request
 from flask_limiter import RateLimitExceeded
 from flask_limiter.util import get_remote_address
 from flask_login import current_user
@@ -38,7 +38,10 @@ def storage_uri(redis_url: str) -> str:
 
 
 def user_key() -> str:
-    """Limits per signed-in user; an anonymous request is counted by its address."""
+    """Limits per person: the one an API key acts as (g.api_person, set by /v1), else the signed-in one, so a
+    person's keys and pages share one budget; an anonymous request is counted by its address."""
+    if "api_person" in g:
+        return f"user:{g.api_person.id}"
     if current_user.is_authenticated:
         return f"user:{current_user.id}"  # the person, not the sign-in (get_id is its secret token)
     return f"address:{get_remote_address()}"

@@ -1,0 +1,213 @@
+"""What a chat completion request asks, and which chat of the key's person it belongs to.
+
+A client sends its whole conversation every time; Cairn keeps its own. Only the request's last message, the
+person's, is added to a chat; the history before it only chooses the chat and never rewrites what Cairn stored.
+The chat is: the one the client names (X-Cairn-Conversation, metadata.conversation_id or `user`), else the newest
+API chat of the person with this agent whose stored messages the history repeats exactly, else a new one.
+"""
+
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from flask import current_app, request
+
+from webapp.api.errors import ApiError
+from webapp.extensions import db
+from webapp.models import Agent, Chat, ChatAgent, Message, User, access
+
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+CONVERSATION_HEADER = "X-Cairn-Conversation"
+MAX_CLIENT_ID_CHARS = 200  # chats.client_conversation_id
+CANDIDATES = 20  # the newest chats of the right length whose messages are compared with a history
+UNSTORABLE = "\x00"
+
+
+@dataclass
+class Asked:
+    """A chat completion request, checked: the agent, the person's new message, and what chooses the chat."""
+
+    agent: Agent
+    content: str
+    history: list[tuple[str, str]]  # (role, text) of the user and assistant messages before the new one
+    client_id: str | None
+    stream: bool
+    include_usage: bool
+
+
+def parse(person: User, body: Any) -> Asked:
+    """The request, or an ApiError saying what is wrong with it (400), or that its model is unknown (404)."""
+    if not isinstance(body, dict):
+        raise ApiError(
+            400, "The body must be a JSON object (Content-Type: application/json).", code="invalid_json"
+        )
+    turns = _turns(body.get("messages"))
+    role, content = turns[-1]
+    if role != "user":
+        raise ApiError(
+            400, "The last message must be the user's: it is what the agent answers.", param="messages"
+        )
+    content = _checked_content(content)
+    stream = body.get("stream") or False
+    if not isinstance(stream, bool):
+        raise ApiError(400, "`stream` must be true or false.", param="stream")
+    options = body.get("stream_options") or {}
+    return Asked(
+        agent=agent_for(person, body.get("model")),
+        content=content,
+        history=[(r, t) for r, t in turns[:-1] if r in ("user", "assistant")],
+        client_id=_client_id(body),
+        stream=stream,
+        include_usage=isinstance(options, dict) and options.get("include_usage") is True,
+    )
+
+
+def agent_for(person: User, model: Any) -> Agent:
+    """The agent of the person's account whose slug is `model`, else a 404 (model_not_found)."""
+    if not isinstance(model, str) or not model.strip():
+        raise ApiError(
+            400, "`model` is required: an agent's id, as GET /v1/models lists them.", param="model"
+        )
+    agent = db.session.scalar(
+        sa.select(Agent).where(Agent.account_id == person.account_id, Agent.slug == model.strip().lower())
+    )
+    if agent is None:
+        raise ApiError(
+            404,
+            f"The model `{model}` does not exist or you do not have access to it: GET /v1/models lists your agents.",
+            param="model",
+            code="model_not_found",
+        )
+    return agent
+
+
+def _turns(messages: Any) -> list[tuple[str, str]]:
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "`messages` must be a non-empty array of messages.", param="messages")
+    return [_turn(i, m) for i, m in enumerate(messages)]
+
+
+def _turn(index: int, message: Any) -> tuple[str, str]:
+    param = f"messages[{index}]"
+    if not isinstance(message, dict) or message.get("role") not in ROLES:
+        raise ApiError(400, f"{param} must be an object with a role ({', '.join(ROLES)}).", param=param)
+    return message["role"], _text(message.get("content"), f"{param}.content")
+
+
+def _text(content: Any, param: str) -> str:
+    """A message's text: a string, or the text parts of an array of content parts."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if (
+                not isinstance(part, dict)
+                or part.get("type") != "text"
+                or not isinstance(part.get("text"), str)
+            ):
+                raise ApiError(
+                    400, f"{param}: Cairn's agents take text only (parts of type text).", param=param
+                )
+            parts.append(part["text"])
+        return "\n".join(parts)
+    raise ApiError(400, f"{param} must be a string or an array of text parts.", param=param)
+
+
+def _checked_content(content: str) -> str:
+    text = content.strip()
+    limit = current_app.config["MESSAGE_MAX_CHARS"]
+    if not text:
+        raise ApiError(
+            400, "The last message is empty: write something for the agent to answer.", param="messages"
+        )
+    if len(text) > limit:
+        raise ApiError(
+            400,
+            f"The last message has {len(text):,} characters; the limit is {limit:,}.",
+            param="messages",
+            code="string_above_max_length",
+        )
+    if UNSTORABLE in text:
+        raise ApiError(
+            400, "The last message contains a NUL character, which Cairn cannot store.", param="messages"
+        )
+    return text
+
+
+def _client_id(body: dict) -> str | None:
+    """The client's own id of the conversation, if it gives one: a header, metadata.conversation_id, or `user`."""
+    metadata = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+    for value, param in (
+        (request.headers.get(CONVERSATION_HEADER), CONVERSATION_HEADER),
+        (metadata.get("conversation_id"), "metadata.conversation_id"),
+        (body.get("user"), "user"),
+    ):
+        if value is None or (isinstance(value, str) and not value.strip()):
+            continue
+        if not isinstance(value, str) or len(value.strip()) > MAX_CLIENT_ID_CHARS or UNSTORABLE in value:
+            raise ApiError(
+                400, f"{param} must be a string of at most {MAX_CLIENT_ID_CHARS} characters.", param=param
+            )
+        return value.strip()
+    return None
+
+
+def chat_for(person: User, asked: Asked) -> Chat:
+    """The chat this exchange belongs to (module docstring); a new one is added (not committed), private to the
+    person and marked as coming through the API."""
+    found = _named(person, asked) if asked.client_id else _continued(person, asked)
+    if found is not None:
+        return found
+    chat = Chat.start(person, [asked.agent], source="api", client_conversation_id=asked.client_id)
+    db.session.flush()
+    return chat
+
+
+def _theirs(person: User, agent: Agent) -> sa.Select:
+    """The person's API chats with this agent that they may still read, newest first."""
+    return (
+        sa.select(Chat)
+        .join(ChatAgent, ChatAgent.chat_id == Chat.id)
+        .where(
+            ChatAgent.agent_id == agent.id,
+            Chat.started_by_id == person.id,
+            Chat.source == "api",
+            Chat.discarded_at.is_(None),
+            access.readable_chats(person),
+        )
+        .order_by(Chat.last_message_at.desc(), Chat.id.desc())
+    )
+
+
+def _named(person: User, asked: Asked) -> Chat | None:
+    query = _theirs(person, asked.agent).where(Chat.client_conversation_id == asked.client_id)
+    return db.session.scalar(query.limit(1))
+
+
+def _stored_turns():
+    return sa.and_(Message.role.in_(("user", "assistant")), Message.status == "done", Message.content != "")
+
+
+def _continued(person: User, asked: Asked) -> Chat | None:
+    """The newest of the person's API chats with the agent whose finished messages are the history, in order."""
+    if not asked.history:
+        return None
+    length = sa.select(sa.func.count(Message.id)).where(Message.chat_id == Chat.id, _stored_turns())
+    chats = db.session.scalars(
+        _theirs(person, asked.agent).where(length.scalar_subquery() == len(asked.history)).limit(CANDIDATES)
+    ).all()
+    if not chats:
+        return None
+    stored: dict[int, list[tuple[str, str]]] = {chat.id: [] for chat in chats}
+    rows = db.session.execute(
+        sa.select(Message.chat_id, Message.role, Message.content)
+        .where(Message.chat_id.in_(stored), _stored_turns())
+        .order_by(Message.chat_id, Message.id)
+    )
+    for chat_id, role, content in rows:
+        stored[chat_id].append((role, content.strip()))
+    wanted = [(role, text.strip()) for role, text in asked.history]
+    return next((chat for chat in chats if stored[chat.id] == wanted), None)

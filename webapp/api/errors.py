@@ -1,0 +1,105 @@
+"""Errors in OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`, for everything under /v1: what the
+views refuse (ApiError), rate limits (429 with Retry-After), HTTP errors, and routing's 404 and 405, which no
+blueprint handler sees (Flask does not know the blueprint of a URL it could not route)."""
+
+from flask import Blueprint, Flask, Response, jsonify, request
+from flask_limiter import RateLimitExceeded
+from werkzeug.exceptions import HTTPException
+
+from webapp.web import guards
+
+PREFIX = "/v1"
+
+
+class ApiError(Exception):
+    """A refusal the client should read: its HTTP status and OpenAI's error fields."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        kind: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
+        super().__init__(message)
+        self.status, self.message, self.kind, self.param, self.code = status, message, kind, param, code
+        self.headers = headers or {}
+
+    def response(self) -> Response:
+        return error_response(
+            self.status, self.message, kind=self.kind, param=self.param, code=self.code, headers=self.headers
+        )
+
+    def payload(self) -> dict:
+        return _payload(self.message, self.kind, self.param, self.code)
+
+
+def error_response(
+    status: int,
+    message: str,
+    *,
+    kind: str = "invalid_request_error",
+    param: str | None = None,
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> Response:
+    response = jsonify(_payload(message, kind, param, code))
+    response.status_code = status
+    response.headers.update(headers or {})
+    return response
+
+
+def _payload(message: str, kind: str, param: str | None, code: str | None) -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def unauthorized(message: str) -> ApiError:
+    return ApiError(
+        401, message, code="invalid_api_key", headers={"WWW-Authenticate": 'Bearer realm="cairn"'}
+    )
+
+
+def register(bp: Blueprint) -> None:
+    """The blueprint's own handlers (once, when it is made)."""
+    bp.register_error_handler(ApiError, lambda error: error.response())
+    bp.register_error_handler(RateLimitExceeded, _too_many)
+    bp.register_error_handler(HTTPException, _http_error)
+
+
+def init_app(app: Flask) -> None:
+    """Routing's 404 and 405 under /v1, app-wide."""
+    app.register_error_handler(404, _routing_error)
+    app.register_error_handler(405, _routing_error)
+
+
+def _too_many(error: RateLimitExceeded) -> Response:
+    wait = guards.seconds_until_allowed()
+    return error_response(
+        429,
+        guards.limit_message(error),
+        kind="requests",
+        code="rate_limit_exceeded",
+        headers={"Retry-After": str(wait)},
+    )
+
+
+def _http_error(error: HTTPException) -> Response:
+    status = error.code or 500
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(status)
+    response = error_response(status, error.description or error.name, kind=kind, code=code)
+    if status == 405 and getattr(error, "valid_methods", None):
+        response.headers["Allow"] = ", ".join(error.valid_methods)
+    return response
+
+
+def _routing_error(error: HTTPException) -> Response | HTTPException:
+    """Under /v1, the client's error shape; anywhere else, the page as before."""
+    if request.path == PREFIX or request.path.startswith(PREFIX + "/"):
+        if error.code == 404:
+            return error_response(404, f"There is no {request.path} in this API.", code="not_found")
+        return _http_error(error)
+    return error

@@ -1,0 +1,98 @@
+"""GET /v1/models, GET /v1/models/<id> and POST /v1/chat/completions: the agents of the key's person's account
+as models, and an exchange with one of them as a chat of that person."""
+
+from collections.abc import Iterator
+from contextlib import ExitStack
+from datetime import UTC
+
+import sqlalchemy as sa
+from flask import Response, current_app, g, request, stream_with_context
+from flask.typing import ResponseReturnValue
+
+from webapp import events
+from webapp.api import bp
+from webapp.api.answers import Completion, follow, streamed, waited
+from webapp.api.conversations import agent_for, chat_for, parse
+from webapp.api.errors import ApiError
+from webapp.extensions import db
+from webapp.models import Agent
+from webapp.web.chats import post_message
+from webapp.web.guards import replies_limit
+
+REPLY_SECONDS = (
+    300  # how long a request waits for its reply (as the chat page's stream lasts); then 503 or 504
+)
+
+
+def _model(agent: Agent) -> dict:
+    created = int(agent.created_at.replace(tzinfo=UTC).timestamp())
+    return {"id": agent.slug, "object": "model", "created": created, "owned_by": "cairn"}
+
+
+@bp.get("/models")
+def models() -> ResponseReturnValue:
+    """The agents of the person's account, each as a model whose id is the agent's slug."""
+    agents = db.session.scalars(
+        sa.select(Agent).where(Agent.account_id == g.api_person.account_id).order_by(Agent.slug)
+    )
+    return {"object": "list", "data": [_model(agent) for agent in agents]}
+
+
+@bp.get("/models/<model_id>")
+def model(model_id: str) -> ResponseReturnValue:
+    """One agent as a model, or 404 (model_not_found)."""
+    return _model(agent_for(g.api_person, model_id))
+
+
+@bp.post("/chat/completions")
+@replies_limit
+def chat_completions() -> ResponseReturnValue:
+    """The agent answers the request's last message in a chat of the person, streamed or whole."""
+    person = g.api_person
+    asked = parse(person, request.get_json(silent=True))
+    if asked.agent.paused:
+        raise ApiError(
+            409,
+            f"{asked.agent.name} is paused: an admin of your account can unpause it.",
+            code="model_paused",
+        )
+    seconds = current_app.config.get("API_REPLY_SECONDS", REPLY_SECONDS)
+    stack = ExitStack()  # the stream slot and the subscription, let go when the response ends
+    release = events.take_stream_slot(person.id, current_app.config["STREAM_MAX_PER_USER"], seconds)
+    if release is None:
+        raise ApiError(
+            429, "Too many of your replies are open at once; wait for one to finish.", kind="requests",
+            code="rate_limit_exceeded", headers={"Retry-After": "5"},
+        )  # fmt: skip
+    stack.callback(release)
+    try:
+        chat = chat_for(person, asked)
+        inbox = stack.enter_context(
+            events.subscribed(chat.id)
+        )  # before the reply is asked for: no event missed
+        name, completion = asked.agent.name, Completion(model=asked.agent.slug)
+        _, replies = post_message(chat, person, asked.content, [asked.agent])
+        if not replies:  # paused meanwhile
+            raise ApiError(
+                409, f"{name} is paused: an admin of your account can unpause it.", code="model_paused"
+            )
+        reply_id = replies[0].id
+        db.session.close()  # hold no database connection while waiting
+    except BaseException:
+        stack.close()
+        raise
+    answer = follow(inbox, reply_id, seconds)
+    if not asked.stream:
+        with stack:
+            return waited(completion, name, answer, seconds)
+    chunks = _closing(streamed(completion, name, answer, seconds, asked.include_usage), stack)
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    response = Response(stream_with_context(chunks), mimetype="text/event-stream", headers=headers)
+    response.call_on_close(stack.close)  # the stream ended, or its client left (the next write failed)
+    return response
+
+
+def _closing(chunks: Iterator[str], stack: ExitStack) -> Iterator[str]:
+    """The chunks, then the stream slot and the subscription let go, in the request's context."""
+    with stack:
+        yield from chunks
