@@ -3,38 +3,20 @@
 Each request acts as the person of its API key (webapp.web.api_auth), with no cookie and no CSRF token. An exchange
 is a chat of that person, posted and answered by what the pages use (Chat.start, post_message, the reply job),
 so an agent answers the same whoever asks: its system prompt, its memory, its tools run inside Cairn, its model.
+
+    views.py          the blueprint: /v1/models, /v1/chat/completions, and who the key acts as
+    conversations.py  what a request asks, and which chat of the person it belongs to
+    answers.py        the reply, waited for or relayed as server-sent chunks
+    errors.py         every error in OpenAI's shape
 """
 
-from flask import Blueprint, Flask, g, request
+from flask import Flask
 
-from webapp.api import errors
+from webapp.api import errors, views
 from webapp.extensions import csrf
-from webapp.web.api_auth import person_for_bearer
-
-bp = Blueprint("api", __name__, url_prefix="/v1")
-errors.register(bp)
-
-
-@bp.before_request
-def _the_keys_person() -> None:
-    """Every /v1 request acts as the person of a live key, or is refused (401) before any work."""
-    header = request.headers.get("Authorization")
-    if not header:
-        raise errors.unauthorized(
-            "No API key: send `Authorization: Bearer <key>`. Make a key on your account page in Cairn (/account)."
-        )
-    person = person_for_bearer(header)
-    if person is None:
-        raise errors.unauthorized(
-            "This API key is not valid: it is wrong, revoked, or its person was removed."
-        )
-    g.api_person = person
 
 
 def init_app(app: Flask) -> None:
-    csrf.exempt(bp)
+    csrf.exempt(views.bp)
     errors.init_app(app)
-    app.register_blueprint(bp)
-
-
-from webapp.api import views  # noqa: E402, F401  (its routes are bp's)
+    app.register_blueprint(views.bp)

@@ -6,22 +6,41 @@ from contextlib import ExitStack
 from datetime import UTC
 
 import sqlalchemy as sa
-from flask import Response, current_app, g, request, stream_with_context
+from flask import Blueprint, Response, current_app, g, request, stream_with_context
 from flask.typing import ResponseReturnValue
 
 from webapp import events
-from webapp.api import bp
+from webapp.api import errors
 from webapp.api.answers import Completion, follow, streamed, waited
 from webapp.api.conversations import agent_for, chat_for, parse
 from webapp.api.errors import ApiError
 from webapp.extensions import db
 from webapp.models import Agent
+from webapp.web.api_auth import person_for_bearer
 from webapp.web.chats import post_message
 from webapp.web.guards import replies_limit
 
-REPLY_SECONDS = (
-    300  # how long a request waits for its reply (as the chat page's stream lasts); then 503 or 504
-)
+# How long a request waits for its reply (as long as the chat page's stream lasts); then a 503 or 504.
+REPLY_SECONDS = 300
+
+bp = Blueprint("api", __name__, url_prefix="/v1")
+errors.register(bp)
+
+
+@bp.before_request
+def _the_keys_person() -> None:
+    """Every /v1 request acts as the person of a live key, or is refused (401) before any work."""
+    header = request.headers.get("Authorization")
+    if not header:
+        raise errors.unauthorized(
+            "No API key: send `Authorization: Bearer <key>`. Make a key on your account page in Cairn (/account)."
+        )
+    person = person_for_bearer(header)
+    if person is None:
+        raise errors.unauthorized(
+            "This API key is not valid: it is wrong, revoked, or its person was removed."
+        )
+    g.api_person = person  # guards.user_key counts the replies limit per person, pages and keys together
 
 
 def _model(agent: Agent) -> dict:
