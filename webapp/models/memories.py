@@ -57,6 +57,10 @@ class AgentMemory(db.Model):
             "ix_agent_memories_agent_id_memory_type_created_at", "agent_id", "memory_type", "created_at"
         ),
         sa.CheckConstraint("audience = 'everyone' OR chat_id IS NOT NULL", name="audience_chat"),
+        # A search's scope (an agent's active memories that may be heard) read from the index alone.
+        sa.Index(
+            "ix_agent_memories_search_scope", "agent_id", "deleted_at", "constitutional", "audience", "chat_id"
+        ),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
