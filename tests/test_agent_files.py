@@ -622,3 +622,14 @@ def test_a_letta_file_of_several_agents_is_refused(runner, admin):
         and "holds 2 agents ('sam', 'sam'); Cairn imports one at a time." in result.output
     )
     assert _counts() == before
+
+
+def test_the_audit_log_names_who_made_an_imported_change_and_the_import(runner, client, auth, ada, stranger):
+    _import(runner, _export(runner, "Ada"), "--account", "Globex", "--by", "eve@globex.example")
+    copy = db.session.scalar(sa.select(Agent).where(Agent.account_id == stranger.account_id))
+    auth.login(stranger)
+
+    page = client.get(f"/admin/audit?agent={copy.id}").text
+
+    assert "dana@example.com (imported)" in page
+    assert "agent imported from a file" in page and "eve@globex.example" in page

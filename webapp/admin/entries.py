@@ -33,6 +33,9 @@ LABELS = {
     "memory_refinement_incomplete": "refinement incomplete",
     "memory_refinement_interrupted": "refinement interrupted",
     "memory_refinement_rolled_back": "refinement rolled back",
+    "agent_export": "agent downloaded as a file",
+    "agent_import": "agent imported from a file",
+    "chat_import": "chat imported with an agent",
 }
 UNDOING = ("memory_undo", "memory_rollback")
 # What a change of a memory's audience means, by the audience it got.
@@ -106,9 +109,12 @@ class Entry:
 
     @property
     def who(self) -> str:
-        """The person's email, or the agent and the job it acted in: "Ada (refinement)"."""
+        """The person's email, or the agent and the job it acted in: "Ada (refinement)"; for a change imported
+        from an agent file, made by someone who is not of this account, their e-mail as the file gave it."""
         if self.email:
             return self.email
+        if imported := (self.row.data or {}).get("who"):
+            return f"{imported.get('email') or imported.get('name')} (imported)"
         return f"{self.agent_name or 'an agent'} ({self.via})"
 
     @property
