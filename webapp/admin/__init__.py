@@ -1,9 +1,9 @@
 """The admin area: one blueprint under /admin, its pages one module each and common.py what they share.
 
-Each agent's memory ledger, the audit log, refinement sessions, provenance, run now, and the usage and jobs
-pages."""
+Each agent's memory ledger, the audit log, refinement sessions and their proposals for review, provenance, run
+now, and the usage and jobs pages."""
 
-from webapp.admin import audit, ledger, provenance, runs, sessions, usage  # noqa: F401  (their routes join bp)
+from webapp.admin import audit, ledger, proposals, provenance, runs, sessions, usage  # noqa: F401  (their routes join bp)
 from webapp.admin.common import bp
 
 __all__ = ["bp"]

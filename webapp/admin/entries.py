@@ -36,6 +36,8 @@ LABELS = {
     "agent_export": "agent downloaded as a file",
     "agent_import": "agent imported from a file",
     "chat_import": "chat imported with an agent",
+    "memory_proposal_decided": "proposal decided",
+    "memory_proposal_expired": "proposal expired",
 }
 UNDOING = ("memory_undo", "memory_rollback")
 # What a change of a memory's audience means, by the audience it got.
@@ -174,6 +176,9 @@ class Entry:
             lines.append(f"Undoes change #{data['undo_of']}")
         if data.get("merged_into"):
             lines.append(f"Merged into memory #{data['merged_into']}")
+        if data.get("proposal_id"):
+            outcome = ", ".join(f"{data[k]} {k}" for k in ("applied", "rejected", "stale") if data.get(k))
+            lines.append(f"Proposal #{data['proposal_id']}" + (f": {outcome}" if outcome else ""))
         return lines
 
 

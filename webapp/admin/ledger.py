@@ -19,6 +19,7 @@ from wtforms.validators import DataRequired, Length
 
 from webapp import search
 from webapp.admin.common import answer, bp, from_htmx, memory_or_404, page_number, page_of
+from webapp.admin.drift import drift_context
 from webapp.admin.provenance import provenance
 from webapp.admin.runs import KINDS
 from webapp.extensions import db
@@ -159,14 +160,18 @@ def _ledger_context(agent: Agent) -> dict[str, Any]:
 
 def _full_context(agent: Agent, form: AddForm) -> dict[str, Any]:
     next_run, registered = _next_refinement()
-    return _ledger_context(agent) | {
-        "tokens": _core_tokens(agent),
-        "form": form,
-        "next_run": next_run,
-        "registered": registered,
-        "kinds": KINDS,
-        "search_mode": health.check_search().detail,
-    }
+    return (
+        _ledger_context(agent)
+        | {
+            "tokens": _core_tokens(agent),
+            "form": form,
+            "next_run": next_run,
+            "registered": registered,
+            "kinds": KINDS,
+            "search_mode": health.check_search().detail,
+        }
+        | drift_context(agent)
+    )
 
 
 @bp.get("/agents/<int:agent_id>/memories")

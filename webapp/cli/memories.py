@@ -1,4 +1,5 @@
-"""`flask memories ...`: run the memory jobs on demand and backfill derived columns."""
+"""`flask memories ...`: run the memory jobs on demand, decide proposals of staged refinement sessions, and
+backfill derived columns."""
 
 import sys
 
@@ -21,14 +22,23 @@ from webapp.jobs.queue import enqueue
 from webapp.jobs.refinement import agents_due_query, refine_agent, refine_due
 from webapp.jobs.reflection import agents_to_reflect_query, reflect_agent, reflect_all
 from webapp.llm import LLMError
-from webapp.models import Agent, AgentMemory, AuditLog, Chat, Message
+from webapp.models import Agent, AgentMemory, AuditLog, Chat, MemoryProposal, Message, User
 from webapp.models.audit import dedup_for_agent, record_change
+from webapp.models.proposals import (
+    ProposalRefused,
+    expire_proposals,
+    outcome_words,
+    pending,
+    session_limits,
+)
 from webapp.models.search import EMBEDDED_KINDS
 from webapp.search import embedder, indexing
 from webapp.search.embedder import EmbeddingError
 from webapp.timeutil import utcnow
 
-memories_cli = AppGroup("memories", help="Agents' memories: consolidation, reflection, backfills.")
+memories_cli = AppGroup(
+    "memories", help="Agents' memories: consolidation, reflection, refinement and its proposals, backfills."
+)
 BACKFILL_BATCH = 500
 REINDEX_BATCH = 64
 SEARCHED_TABLES = ("agent_memories", "messages")
@@ -117,6 +127,108 @@ def dedup(agent: Agent | None) -> None:
     agent_ids = [agent.id] if agent is not None else db.session.scalars(sa.select(Agent.id)).all()
     for found in agent_ids:
         click.echo(f"agent {found}: {dedup_for_agent(found, session_id=None, via='cli')} duplicates removed")
+
+
+@memories_cli.command("proposals")
+@agent_option(help="Only this agent's proposals: its name, slug or id.")
+@click.option(
+    "--approve", "approve_id", type=int, metavar="ID", help="Apply this proposal's changes, or --only some."
+)
+@click.option(
+    "--only",
+    type=int,
+    multiple=True,
+    metavar="CHANGE",
+    help="With --approve: apply this change only (repeat it).",
+)
+@click.option("--reject", "reject_id", type=int, metavar="ID", help="Reject every change of this proposal.")
+@click.option("--by", "by_email", metavar="EMAIL", help="The admin deciding, named in the audit log.")
+def proposals(
+    agent: Agent | None,
+    approve_id: int | None,
+    only: tuple[int, ...],
+    reject_id: int | None,
+    by_email: str | None,
+) -> None:
+    """List the proposals waiting for review, with their change ids; or decide one as the review page does: the
+    changes approved (all, or --only those) are applied if they still apply, the rest rejected."""
+    if approve_id is not None and reject_id is not None:
+        raise click.UsageError("Give --approve or --reject, not both.")
+    if only and approve_id is None:
+        raise click.UsageError("--only goes with --approve.")
+    now = utcnow()
+    if expire_proposals(now):
+        db.session.commit()
+    if approve_id is None and reject_id is None:
+        _list_proposals(agent, now)
+        return
+    proposal = _proposal(approve_id or reject_id, agent)
+    changes = {change.id for change in proposal.changes}
+    if unknown := sorted(set(only) - changes):
+        raise click.ClickException(f"Proposal {proposal.id} has no change {', '.join(map(str, unknown))}.")
+    chosen = set() if reject_id is not None else set(only) or changes
+    person = _admin(by_email, proposal.account_id) if by_email else None
+    try:
+        outcome = proposal.decide(
+            chosen, user_id=person.id if person else None, via="cli", now=now, **session_limits()
+        )
+    except ProposalRefused as refusal:
+        db.session.rollback()
+        raise click.ClickException(str(refusal)) from None
+    db.session.commit()
+    click.echo(f"proposal {proposal.id}: {outcome_words(outcome)}")
+    for change in proposal.changes:
+        if change.stale_reason:
+            click.echo(f"  change {change.id} not applied: {change.stale_reason}")
+
+
+def _list_proposals(agent: Agent | None, now) -> None:
+    query = sa.select(MemoryProposal).where(pending(now)).order_by(MemoryProposal.id)
+    if agent is not None:
+        query = query.where(MemoryProposal.agent_id == agent.id)
+    found = db.session.scalars(query).all()
+    if not found:
+        click.echo("No proposal waits for review.")
+    for proposal in found:
+        click.echo(
+            f"proposal {proposal.id} · {proposal.agent.name} (agent {proposal.agent_id}) · proposed "
+            f"{proposal.created_at:%Y-%m-%d %H:%M} UTC · expires {proposal.expires_at:%Y-%m-%d} · core tokens "
+            f"{proposal.tokens_before:,} → {proposal.tokens_after:,} (budget {proposal.budget:,})"
+        )
+        problems = proposal.problems()
+        for change in proposal.changes:
+            click.echo(f"  change {change.id}: {_described(change)}")
+            if problems[change.id]:
+                click.echo(f"    stale now: {problems[change.id]}")
+
+
+def _described(change) -> str:
+    ids = ", ".join(f"#{memory_id}" for memory_id in change.memory_ids)
+    was = " | ".join(_short(change.before(memory_id)["content"]) for memory_id in change.memory_ids)
+    into = f" into {_short(change.content)!r}" if change.content else ""
+    copy = f" (an exact copy of #{change.duplicate_of})" if change.duplicate_of else ""
+    return f"{change.kind} {ids}{copy}{into}; was: {was}"
+
+
+def _short(text: str, length: int = 80) -> str:
+    return text if len(text) <= length else text[: length - 1] + "…"
+
+
+def _proposal(proposal_id: int, agent: Agent | None) -> MemoryProposal:
+    proposal = db.session.get(MemoryProposal, proposal_id)
+    if proposal is None or (agent is not None and proposal.agent_id != agent.id):
+        raise click.ClickException(f"No proposal {proposal_id}" + (f" of {agent.name}." if agent else "."))
+    return proposal
+
+
+def _admin(email: str, account_id: int) -> User:
+    """The admin of the proposal's account named by --by."""
+    person = db.session.scalar(
+        sa.select(User).where(User.email == email.strip().lower(), User.active_in(account_id))
+    )
+    if person is None or not person.is_admin:
+        raise click.ClickException(f"{email} is no admin of this proposal's account.")
+    return person
 
 
 @memories_cli.command("backfill")

@@ -1,7 +1,10 @@
 """Spec 002: an agent refines its own core memory under a token budget, in an audited tool loop.
 
 Weekly (Monday 04:00 UTC) for agents that need it, on demand for one agent, and when an agent's core memory
-goes over budget (at most once a day per agent).
+goes over budget (at most once a day per agent). Issue 23: when the agent's background changes are staged (its
+setting, or the drift alarm), the session's merges, rewrites and deletes, and dedup's removals, end as a
+proposal for an admin; no session starts while one of the agent's proposals waits, and the prompt lists the
+changes refused before.
 """
 
 import uuid
@@ -16,8 +19,16 @@ from webapp.jobs.queue import enqueue, job_target, model_time, recorded_job, tar
 from webapp.llm import LLMError
 from webapp.llm.tool_loop import run_tool_loop
 from webapp.models import Agent, AuditLog, JobRun
-from webapp.models.audit import ROLLED_BACK, dedup_for_agent, session_rows
+from webapp.models.audit import ROLLED_BACK, dedup_for_agent, duplicates, session_rows
+from webapp.models.drift import drift_of
 from webapp.models.memories import core_memories, core_token_usage, core_tokens, needs_refinement
+from webapp.models.proposals import (
+    ProposedChange,
+    expire_proposals,
+    pending_proposal,
+    refused_changes,
+    staging,
+)
 from webapp.prompting import render
 from webapp.prompting.build import fit_to_budget, memory_budget
 from webapp.timeutil import utcnow
@@ -36,19 +47,23 @@ CLOSING = (
 
 
 def agents_due_query(now: datetime) -> sa.Select:
-    """Agents (not paused) not refined for a week, or whose active core memory is over budget: one query."""
+    """Agents (not paused, no proposal waiting) not refined for a week, or whose active core memory is over
+    budget: one query."""
     core_tokens_now = core_tokens(Agent.id).scalar_subquery()
     stale = sa.or_(Agent.last_refinement_at.is_(None), Agent.last_refinement_at < now - REFINE_EVERY)
     return (
         sa.select(Agent.id)
         .where(Agent.paused.is_(False), sa.or_(stale, core_tokens_now > Agent.core_token_budget))
+        .where(~pending_proposal(Agent.id, now).exists())
         .order_by(Agent.id)
     )
 
 
 @recorded_job("refine_finder", unique="active")
 def refine_due() -> dict[str, int]:
-    """Enqueue a refinement session for each agent that needs one."""
+    """Mark proposals past their expiry expired; enqueue a refinement session for each agent that needs one."""
+    expire_proposals(utcnow())
+    db.session.commit()
     agent_ids = db.session.scalars(agents_due_query(utcnow())).all()
     for agent_id in agent_ids:
         enqueue(refine_agent, agent_id)
@@ -57,8 +72,11 @@ def refine_due() -> dict[str, int]:
 
 
 def trigger_if_over_budget(agent: Agent) -> bool:
-    """Enqueue a refinement when the agent's core memory is over budget, at most once a day per agent."""
+    """Enqueue a refinement when the agent's core memory is over budget, at most once a day per agent (not
+    while a proposal of its last session waits)."""
     if agent.paused or not needs_refinement(agent):
+        return False
+    if db.session.scalar(pending_proposal(agent.id, utcnow()).exists().select()):
         return False
     return enqueue(refine_agent, agent.id, once_per=TRIGGER_COOLDOWN_SECONDS) is not None
 
@@ -118,33 +136,57 @@ def refine_agent(agent_id: int, force: bool = False) -> dict[str, Any]:
 
 
 def _refine(agent: Agent, force: bool) -> dict[str, Any]:
+    now, config = utcnow(), current_app.config
+    if expire_proposals(now, agent.id):
+        db.session.commit()
+    if db.session.scalar(pending_proposal(agent.id, now)) is not None:
+        return {"skipped": "a proposal of its last session awaits review"}
     session_id = str(uuid.uuid4())
-    deduplicated = dedup_for_agent(agent.id, session_id=session_id, via=VIA)
-    memories = db.session.scalars(core_memories(agent.id)).all()
+    staged = staging(agent, now, config["DRIFT_ALARM_SHARE"])
+    # Staged, exact copies are proposed for removal like any delete; else removed at once, as ever.
+    copies = (
+        []
+        if not staged
+        else [ProposedChange.build("delete", [d], duplicate_of=k) for d, k in duplicates(agent.id)]
+    )
+    deduplicated = len(copies) if staged else dedup_for_agent(agent.id, session_id=session_id, via=VIA)
+    hidden = {change.memory_ids[0] for change in copies}
+    memories = [m for m in db.session.scalars(core_memories(agent.id)) if m.id not in hidden]
     if not memories:
         return {"skipped": "no core memories", "deduplicated": deduplicated}
     usage, budget = core_token_usage(agent.id), agent.core_token_budget
-    recently = agent.last_refinement_at and agent.last_refinement_at > utcnow() - REFINE_EVERY
+    recently = agent.last_refinement_at and agent.last_refinement_at > now - REFINE_EVERY
     if not force and usage <= budget and recently:
         return {"skipped": "within budget and refined this week", "deduplicated": deduplicated}
-    session = _start(agent, session_id, usage, budget, deduplicated)
+    session = _start(agent, session_id, usage, budget, deduplicated, staged)
+    session.proposed.extend(copies)
     pages = session.pages()
     prompt = render(
         "refinement.txt",
         count=len(memories),
         memories=pages[0],
         pages=len(pages),
-        usage=usage,
+        usage=usage - sum(change.saves for change in copies),
         budget=budget,
         max_mutations=session.max_mutations,
         floor_percent=round(session.floor * 100),
+        staged=session.staged is not None,
+        refused=_listed_refusals(session.refused),
     )
     _tool_loop(session, prompt)
-    return {"session_id": session_id, "status": session.status, "deduplicated": deduplicated, **session.stats}
+    counts = {
+        "session_id": session_id,
+        "status": session.status,
+        "deduplicated": deduplicated,
+        **session.stats,
+    }
+    return counts | ({"proposed": len(session.proposed)} if session.proposed else {})
 
 
-def _start(agent: Agent, session_id: str, usage: int, budget: int, deduplicated: int) -> RefinementSession:
-    config = current_app.config
+def _start(
+    agent: Agent, session_id: str, usage: int, budget: int, deduplicated: int, staged: tuple | None
+) -> RefinementSession:
+    config, now = current_app.config, utcnow()
     AuditLog.record(
         START,
         agent,
@@ -154,8 +196,10 @@ def _start(agent: Agent, session_id: str, usage: int, budget: int, deduplicated:
         tokens_before=usage,
         budget=budget,
         deduplicated=deduplicated,
+        **({"staged": staged[0]} if staged else {}),
     )
     db.session.commit()
+    threshold = config["DRIFT_ALARM_SHARE"]
     return RefinementSession(
         agent=agent,
         session_id=session_id,
@@ -163,7 +207,30 @@ def _start(agent: Agent, session_id: str, usage: int, budget: int, deduplicated:
         max_mutations=config["REFINEMENT_MAX_MUTATIONS"],
         floor=config["REFINEMENT_TOKEN_FLOOR"],
         page_tokens=memory_budget(agent),
+        staged=staged,
+        drift_alarm=lambda: _drift_reason(agent.id, threshold),
+        refused=refused_changes(agent.id, now),
+        proposal_expiry=timedelta(days=config["PROPOSAL_EXPIRY_DAYS"]),
     )
+
+
+def _drift_reason(agent_id: int, threshold: float) -> str | None:
+    drift = drift_of(agent_id, utcnow(), threshold)
+    return drift.reason if drift.alarm else None
+
+
+def _listed_refusals(refused: list[ProposedChange]) -> list[dict[str, Any]]:
+    """The refused changes as the prompt lists them: what was proposed, on which memories, and why not."""
+    return [
+        {
+            "kind": change.kind,
+            "ids": change.memory_ids,
+            "was": [change.before(memory_id)["content"] for memory_id in change.memory_ids],
+            "content": change.content,
+            "why": change.stale_reason or f"rejected by a person on {change.proposal.decided_at:%Y-%m-%d}",
+        }
+        for change in refused
+    ]
 
 
 def _tool_loop(session: RefinementSession, prompt: str) -> None:

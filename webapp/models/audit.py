@@ -170,10 +170,10 @@ def roll_back_session(
     )
 
 
-def dedup_for_agent(agent_id: int, *, session_id: str | None, via: str) -> int:
-    """Soft-delete repeated active core memories (same content_hash, heard by the same people), keeping the
-    oldest and every constitutional one; returns how many were removed. A copy heard by other people stays:
-    removing it would make the memory go quiet where only that copy may be heard."""
+def duplicates(agent_id: int) -> list[tuple[AgentMemory, AgentMemory]]:
+    """(copy, kept) for each repeated active core memory (same content_hash, heard by the same people): the
+    oldest and every constitutional one are kept. A copy heard by other people is no repeat: removing it would
+    make the memory go quiet where only that copy may be heard."""
     duplicated = (
         core_memories(agent_id)
         .order_by(None)
@@ -192,15 +192,23 @@ def dedup_for_agent(agent_id: int, *, session_id: str | None, via: str) -> int:
             AgentMemory.id,
         )
     ).all()
-    removed, kept = 0, defaultdict(list)
+    found, kept = [], defaultdict(list)
     for memory in rows:
         copies = kept[memory.content_hash]
-        if memory.constitutional or not any(same_audience(memory, copy) for copy in copies):
+        original = next((copy for copy in copies if same_audience(memory, copy)), None)
+        if memory.constitutional or original is None:
             copies.append(memory)
-            continue
+        else:
+            found.append((memory, original))
+    return found
+
+
+def dedup_for_agent(agent_id: int, *, session_id: str | None, via: str) -> int:
+    """Soft-delete the agent's repeated core memories (duplicates()); returns how many were removed."""
+    found = duplicates(agent_id)
+    for memory, _kept in found:
         before = memory.snapshot()
         memory.soft_delete()
         record_change(memory, "memory_dedup", before, via=via, session_id=session_id)
-        removed += 1
     db.session.commit()
-    return removed
+    return len(found)

@@ -20,6 +20,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
+from flask import current_app
 from sqlalchemy.orm import Mapped, contains_eager, mapped_column, relationship
 
 from webapp.extensions import JSON, db
@@ -166,10 +167,10 @@ class MemoryProposal(db.Model):
         staged_because: str,
         reason: str | None,
         summary: str | None,
-        expires_at: datetime,
+        expiry: timedelta,
     ) -> "MemoryProposal":
-        """Add (flushed, not committed) the proposal of a session's changes."""
-        usage = core_token_usage(agent.id)
+        """Add (flushed, not committed) the proposal of a session's changes, to expire after `expiry`."""
+        usage, now = core_token_usage(agent.id), utcnow()
         for position, change in enumerate(changes):
             change.position = position
         proposal = cls(
@@ -182,7 +183,8 @@ class MemoryProposal(db.Model):
             tokens_before=usage,
             tokens_after=usage - sum(change.saves for change in changes),
             budget=agent.core_token_budget,
-            expires_at=expires_at,
+            created_at=now,
+            expires_at=now + expiry,
             changes=changes,
         )
         db.session.add(proposal)
@@ -410,6 +412,18 @@ def _since_words(action: str) -> str:
     if action in SINCE:
         return SINCE[action]
     return "changed by refinement" if action.startswith("memory_refinement") else "changed"
+
+
+def session_limits() -> dict[str, Any]:
+    """The cap and floor of a refinement session (settings), which hold for what an approval applies too."""
+    config = current_app.config
+    return {"max_mutations": config["REFINEMENT_MAX_MUTATIONS"], "floor": config["REFINEMENT_TOKEN_FLOOR"]}
+
+
+def outcome_words(outcome: dict[str, int]) -> str:
+    """A decision's outcome in words: "Decided: 2 applied, 1 rejected."."""
+    words = [f"{n} {status}" for status, n in outcome.items() if n]
+    return "Decided: " + (", ".join(words) if words else "nothing to apply") + "."
 
 
 def pending(now: datetime) -> sa.ColumnElement[bool]:

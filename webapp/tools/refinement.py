@@ -9,9 +9,17 @@ tokens, the whole session is rolled back from its audit rows and the model is to
 Memories are heard by different people (webapp.models.access): a merge of memories of different audiences is
 refused, so no memory becomes heard where one of its parts may not be; a merged memory keeps its parts'
 audience, and the session's closing journal note takes the audience of what it changed when that is one.
+
+A staged session (issue 23: its agent's setting, or the drift alarm) applies no merge, rewrite or delete: each
+becomes a proposed change of the memories as they stand, listed no more to the model, and the session closes
+with a proposal (webapp.models.proposals) for an admin to decide. The cap counts proposed changes as applied
+ones; the floor holds for what the proposal would leave. An automatic session turns staged as soon as the drift
+alarm goes on. A change a person rejected is refused when the model proposes it again unchanged.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from webapp.extensions import db
@@ -19,6 +27,7 @@ from webapp.models import Agent, AgentMemory, AuditLog
 from webapp.models.access import same_audience
 from webapp.models.audit import record_change, roll_back_session
 from webapp.models.memories import core_memories, core_token_usage, like_pattern, token_pages
+from webapp.models.proposals import MemoryProposal, ProposedChange, merge, remove, rewrite
 from webapp.timeutil import utcnow
 from webapp.tools.base import Tool
 
@@ -41,6 +50,16 @@ class RefinementSession:
     status: str = "running"  # then: complete, rolled_back (or incomplete, set by the job)
     # One memory of each audience the session changed (the closing note may be heard only where all are).
     audiences: list[AgentMemory] = field(default_factory=list)
+    # Issue 23. staged: why its merges, rewrites and deletes are proposed, not applied ("setting" or "drift",
+    # with the alarm's reason); None: they apply at once, until `drift_alarm` (asked after each) gives a reason.
+    staged: tuple[str, str | None] | None = None
+    drift_alarm: Callable[[], str | None] | None = None
+    proposed: list[ProposedChange] = field(default_factory=list)
+    refused: list[ProposedChange] = field(
+        default_factory=list
+    )  # rejected or stale before: not again unchanged
+    proposal_expiry: timedelta = timedelta(days=14)  # PROPOSAL_EXPIRY_DAYS
+    applied: int = 0  # memories changed at once (the rest of `mutations` are proposed)
 
     @property
     def finished(self) -> bool:
@@ -84,9 +103,19 @@ class RefinementSession:
             f"change {wanted} memories. Change fewer, or call complete."
         )
 
+    @property
+    def touched(self) -> set[int]:
+        """The memories that already have a proposed change: the session lists and changes them no more."""
+        return {memory_id for change in self.proposed for memory_id in change.memory_ids}
+
+    def _listed(self):
+        """The core memories the model is shown: all but those it has proposed changes to."""
+        query = core_memories(self.agent.id)
+        return query.where(AgentMemory.id.not_in(self.touched)) if self.touched else query
+
     def pages(self) -> list[list[AgentMemory]]:
         """The agent's core memories, oldest first, in pages within the page budget."""
-        return token_pages(db.session.scalars(core_memories(self.agent.id)).all(), self.page_tokens)
+        return token_pages(db.session.scalars(self._listed()).all(), self.page_tokens)
 
     def _page(self, page: str = "", **_: str) -> dict[str, Any]:
         if not page.strip().isdigit():
@@ -105,9 +134,7 @@ class RefinementSession:
         if not query.strip():
             return _param_error("search", "query")
         found = db.session.scalars(
-            core_memories(self.agent.id).where(
-                AgentMemory.content.ilike(like_pattern(query.strip()), escape="\\")
-            )
+            self._listed().where(AgentMemory.content.ilike(like_pattern(query.strip()), escape="\\"))
         ).all()
         shown = token_pages(found, self.page_tokens)[:1]
         results = [_summary(m) for m in (shown[0] if shown else [])]
@@ -128,34 +155,14 @@ class RefinementSession:
             return refusal
         if not memories:
             return _error("No matching memories found")
-        if refusal := _audience_refusal(memories):
+        if refusal := _audience_refusal(memories) or self._refused_again("merge", memories, content):
             return refusal
-        merged = AgentMemory(
-            agent=self.agent,
-            content=content,
-            memory_type="core",
-            created_at=min(m.created_at for m in memories),
-            chat_id=memories[0].chat_id,
-            audience=memories[0].audience,
-        )
+        if self.staged:
+            return self._propose("merge", memories, content, "consolidated")
+        merged = merge(self.agent, memories, content, via=VIA, session_id=self.session_id)
         self._changed(merged)
-        db.session.add(merged)
-        record_change(
-            merged, "memory_refinement_consolidate_create", None, via=VIA, session_id=self.session_id
-        )
-        for memory in memories:
-            before = memory.snapshot()
-            memory.soft_delete()
-            record_change(
-                memory,
-                "memory_refinement_consolidate",
-                before,
-                via=VIA,
-                session_id=self.session_id,
-                merged_into=merged.id,
-            )
         db.session.commit()
-        self.stats["consolidated"] += len(memories)
+        self._count_applied("consolidated", len(memories))
         return {
             "type": "consolidated",
             "merged_count": len(memories),
@@ -171,12 +178,14 @@ class RefinementSession:
         memory = next(iter(self._memories(_ids(id))), None)
         if memory is None:
             return _error(f"Memory #{id} not found")
-        before = memory.snapshot()
-        memory.content = content
+        if refusal := self._refused_again("rewrite", [memory], content):
+            return refusal
+        if self.staged:
+            return self._propose("rewrite", [memory], content, "updated")
+        rewrite(memory, content, via=VIA, session_id=self.session_id)
         self._changed(memory)
-        record_change(memory, "memory_refinement_update", before, via=VIA, session_id=self.session_id)
         db.session.commit()
-        self.stats["updated"] += 1
+        self._count_applied("updated", 1)
         return {"type": "updated", "id": memory.id, "content": memory.content}
 
     def _delete(self, id: str = "", ids: str = "", **_: str) -> dict[str, Any]:
@@ -186,13 +195,15 @@ class RefinementSession:
         memories = self._memories(wanted)
         if refusal := _constitutional_refusal("delete", memories):
             return refusal
+        if memories and (refusal := self._refused_again("delete", memories, None)):
+            return refusal
+        if self.staged and memories:
+            return self._propose("delete", memories, None, "deleted")
+        remove(memories, via=VIA, session_id=self.session_id)
         for memory in memories:
-            before = memory.snapshot()
-            memory.soft_delete()
             self._changed(memory)
-            record_change(memory, "memory_refinement_delete", before, via=VIA, session_id=self.session_id)
         db.session.commit()
-        self.stats["deleted"] += len(memories)
+        self._count_applied("deleted", len(memories))
         return {"type": "deleted", "count": len(memories)}
 
     def _protect(self, id: str = "", **_: str) -> dict[str, Any]:
@@ -206,15 +217,16 @@ class RefinementSession:
         self._changed(memory)
         record_change(memory, "memory_refinement_protect", before, via=VIA, session_id=self.session_id)
         db.session.commit()
-        self.stats["protected"] += 1
+        self._count_applied("protected", 1)
         return {"type": "protected", "id": memory.id, "content": memory.content}
 
     def _complete(self, summary: str = "", **_: str) -> dict[str, Any]:
         if not summary.strip():
             return _param_error("complete", "summary")
-        # A session that changed nothing has nothing worth remembering; one that changed memories of several
-        # audiences has no one audience its summary could be heard by (the closing row keeps it for admins).
-        if self.mutations and len(self.audiences) == 1:
+        # A session that changed nothing (or only proposed) has nothing worth remembering; one that changed
+        # memories of several audiences has no one audience its summary could be heard by (the closing row
+        # keeps it for admins).
+        if self.applied and len(self.audiences) == 1:
             [heard] = self.audiences
             note = AgentMemory(
                 agent=self.agent,
@@ -230,8 +242,21 @@ class RefinementSession:
         return {"type": "refinement_complete", "summary": summary.strip(), "stats": self.stats}
 
     def close(self, action: str, **data: Any) -> None:
-        """Write the session's closing audit row (with stats and token figures) and stamp the agent."""
+        """Write the session's closing audit row (with stats and token figures) and stamp the agent; a session
+        that proposed changes leaves them as a proposal, with it."""
         self.agent.last_refinement_at = utcnow()
+        if self.proposed:
+            because, reason = self.staged
+            proposal = MemoryProposal.stage(
+                self.agent,
+                self.session_id,
+                self.proposed,
+                staged_because=because,
+                reason=reason,
+                summary=data.get("summary"),
+                expiry=self.proposal_expiry,
+            )
+            data.update(proposal_id=proposal.id, proposed=len(self.proposed))
         AuditLog.record(
             action,
             self.agent,
@@ -249,10 +274,12 @@ class RefinementSession:
         return {"stats": self.stats, "mutations": self.mutations, "tokens_before": self.start_tokens}
 
     def _check_floor(self) -> dict[str, Any] | None:
-        """Roll the whole session back if core memory fell below the floor; None when it is fine."""
-        usage = core_token_usage(self.agent.id)
+        """Roll the whole session back if core memory fell, or would fall with what it proposed, below the
+        floor (its proposals are dropped); None when it is fine."""
+        usage = core_token_usage(self.agent.id) - sum(change.saves for change in self.proposed)
         if usage >= self.floor * self.start_tokens:
             return None
+        self.proposed.clear()
         self.agent.last_refinement_at = utcnow()
         roll_back_session(
             self.agent,
@@ -269,12 +296,50 @@ class RefinementSession:
             "with. The whole session has been rolled back. Stop now."
         )
 
+    def _propose(
+        self, kind: str, memories: list[AgentMemory], content: str | None, counted: str
+    ) -> dict[str, Any]:
+        """Keep the change for review instead of making it (ValueError for text no memory may have)."""
+        change = ProposedChange.build(kind, memories, content)
+        self.proposed.append(change)
+        self.stats[counted] += len(memories)
+        return {
+            "type": "proposed",
+            "action": kind,
+            "ids": change.memory_ids,
+            "note": "Staged for review: an admin applies it or not later. These memories are not listed again "
+            "in this session.",
+        }
+
+    def _count_applied(self, counted: str, memories: int) -> None:
+        """Count a change made at once; if the drift alarm has now gone on, stage the rest of the session."""
+        self.stats[counted] += memories
+        self.applied += memories
+        if counted != "protected" and self.drift_alarm and (reason := self.drift_alarm()):
+            self.staged = ("drift", reason)
+
+    def _refused_again(
+        self, kind: str, memories: list[AgentMemory], content: str | None
+    ) -> dict[str, Any] | None:
+        """The error when a change a person rejected is proposed again unchanged; None otherwise."""
+        for change in self.refused:
+            if change.repeats(kind, memories, content):
+                when = change.proposal.decided_at.strftime("%Y-%m-%d")
+                return _error(
+                    f"This {kind} was refused by a person on {when}; do not propose it again unchanged."
+                )
+        return None
+
     def _changed(self, memory: AgentMemory) -> None:
         """Note the audience of a memory the session changed."""
         if not any(same_audience(memory, seen) for seen in self.audiences):
             self.audiences.append(memory)
 
     def _memories(self, ids: list[int]) -> list[AgentMemory]:
+        """The agent's active core memories with these ids (ValueError for one it already proposed to change)."""
+        if taken := sorted(set(ids) & self.touched):
+            listed = ", ".join(f"#{memory_id}" for memory_id in taken)
+            raise ValueError(f"A change of {listed} is already proposed in this session; leave it as it is.")
         return list(db.session.scalars(core_memories(self.agent.id).where(AgentMemory.id.in_(ids))))
 
 

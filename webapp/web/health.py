@@ -1,5 +1,6 @@
 """GET /healthz: the state of every component, the banner naming a part that is down, and `flask check`'s probes.
-Admins also see how search finds (words and meaning, or words only and why), which never makes it 503.
+Admins also see how search finds (words and meaning, or words only and why) and whether any agent's drift alarm is
+on and why (issue 23), which never make it 503.
 
 The report is taken at most once per CACHE_SECONDS per web process (so no visitor can make Cairn call the model
 endpoint on every request); anyone gets a plain status with 200 or 503 (for load balancers), signed-in admins
@@ -25,7 +26,9 @@ from webapp.extensions import db
 from webapp.jobs import embeddings
 from webapp.jobs.queue import redis_connection, worker_queues
 from webapp.jobs.schedule import scheduler_alive
-from webapp.models import LlmCall
+from webapp.models import Agent, LlmCall
+from webapp.models.drift import drifts
+from webapp.models.proposals import pending_count
 from webapp.models.search import EmbeddingQueue
 from webapp.search import embedder
 from webapp.timeutil import utcnow
@@ -159,6 +162,27 @@ def _search_mode() -> Check:
     return Check(True, detail)
 
 
+def check_memory() -> Check:
+    """The drift alarm of each agent of the signed-in admin's account, and how many proposals wait for review:
+    not ok while an alarm is on (its reason is the detail). Like search, never a reason for 503."""
+    now = utcnow()
+    agents = dict(
+        db.session.execute(
+            sa.select(Agent.id, Agent.name).where(Agent.account_id == current_user.account_id)
+        ).all()
+    )
+    alarms = [
+        f"{agents[agent_id]}: {drift.reason}"
+        for agent_id, drift in drifts(agents, now, current_app.config["DRIFT_ALARM_SHARE"]).items()
+        if drift.alarm
+    ]
+    waiting = pending_count(current_user.account_id, now)[0]
+    review = f"{waiting} proposal{'' if waiting == 1 else 's'} of memory changes wait{'s' if waiting == 1 else ''} for review"
+    if alarms:
+        return Check(False, f"drift alarm: {' '.join(alarms)} ({review})")
+    return Check(True, f"no drift alarm; {review}")
+
+
 def _first_line(error: Exception) -> str:
     return str(error).strip().splitlines()[0] if str(error).strip() else ""
 
@@ -225,6 +249,7 @@ def healthz() -> ResponseReturnValue:
     body = {"status": "ok" if ok else "degraded"}
     if current_user.is_authenticated and current_user.is_admin:
         checks["search"] = check_search()  # after the status: search still works by words alone
+        checks["memory"] = check_memory()  # after the status too: an alarm stages changes, nothing is down
         body["checks"] = {k: asdict(v) for k, v in checks.items()}
     return jsonify(body), 200 if ok else 503
 

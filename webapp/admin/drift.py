@@ -1,0 +1,107 @@
+"""The ledger's drift chart: an agent's core memory over time (webapp.models.drift) drawn as inline SVG by the
+server, no script: its tokens as a line against the budget, its count as a dashed line, and the changes that
+moved it marked by kind in lanes below. Its words (title, description, legend) are HTML and SVG text a screen
+reader reads; the drawing itself carries no text, so it scales to a phone."""
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, ClassVar
+
+from flask import current_app
+
+from webapp.extensions import db
+from webapp.models import Agent
+from webapp.models.drift import DRIFT_WINDOW, History, Mark, core_history, drift_of
+from webapp.models.proposals import pending_proposal
+from webapp.timeutil import utcnow
+
+CHART_DAYS = 90
+WIDTH, PLOT_TOP, PLOT_BOTTOM = 640, 8, 100
+LANE_TOP, LANE_HEIGHT = 112, 9
+KINDS = {  # kind: (its lane, how the legend names it)
+    "added": (0, "added"),
+    "merged": (1, "merged"),
+    "rewritten": (2, "rewritten"),
+    "deleted": (3, "deleted"),
+    "undone": (4, "undone or restored"),
+    "changed": (4, "other"),
+}
+HEIGHT = LANE_TOP + LANE_HEIGHT * 5
+
+
+@dataclass
+class Chart:
+    history: History
+    budget: int
+    width: ClassVar[int] = WIDTH
+    height: ClassVar[int] = HEIGHT
+    plot_top: ClassVar[int] = PLOT_TOP
+    plot_bottom: ClassVar[int] = PLOT_BOTTOM
+
+    @property
+    def top_tokens(self) -> int:
+        return max([self.budget, *(p.tokens for p in self.history.points)]) or 1
+
+    @property
+    def top_count(self) -> int:
+        return max([*(p.count for p in self.history.points), 1])
+
+    def x(self, at: datetime) -> float:
+        span = (self.history.now - self.history.since).total_seconds() or 1
+        return round(WIDTH * (at - self.history.since).total_seconds() / span, 1)
+
+    def _y(self, value: int, top: int) -> float:
+        return round(PLOT_BOTTOM - (PLOT_BOTTOM - PLOT_TOP) * value / top, 1)
+
+    def _path(self, values: list[tuple[datetime, int]], top: int) -> str:
+        return "M" + " L".join(f"{self.x(at)} {self._y(value, top)}" for at, value in values)
+
+    @property
+    def tokens_path(self) -> str:
+        return self._path([(p.at, p.tokens) for p in self.history.points], self.top_tokens)
+
+    @property
+    def count_path(self) -> str:
+        return self._path([(p.at, p.count) for p in self.history.points], self.top_count)
+
+    @property
+    def budget_y(self) -> float:
+        return self._y(self.budget, self.top_tokens)
+
+    @property
+    def window_x(self) -> float:
+        """Where the drift alarm's 30 days begin."""
+        return max(self.x(self.history.now - DRIFT_WINDOW), 0)
+
+    def mark_at(self, mark: Mark) -> tuple[float, float]:
+        """The centre of a mark: its day across, its kind's lane down."""
+        lane = KINDS.get(mark.kind, KINDS["changed"])[0]
+        return max(min(self.x(mark.day), WIDTH - 5), 5), LANE_TOP + LANE_HEIGHT * lane + LANE_HEIGHT / 2
+
+    @property
+    def legend(self) -> list[tuple[str, str, int]]:
+        """(kind, its name, how many changes) for each kind the chart shows."""
+        counted = self.history.kinds
+        return [(kind, KINDS.get(kind, KINDS["changed"])[1], counted[kind]) for kind in counted]
+
+    @property
+    def description(self) -> str:
+        """The chart in words."""
+        first, last = self.history.points[0], self.history.points[-1]
+        changes = ", ".join(f"{n} {name}" for _kind, name, n in self.legend) or "no changes"
+        return (
+            f"Core memory from {first.at:%Y-%m-%d}: {first.count} memories, {first.tokens:,} tokens; now "
+            f"{last.count} memories, {last.tokens:,} tokens (budget {self.budget:,}). Changes that moved it: "
+            f"{changes}."
+        )
+
+
+def drift_context(agent: Agent) -> dict[str, Any]:
+    """What the ledger shows of drift and review: the alarm, the chart, the proposal waiting (five queries)."""
+    now = utcnow()
+    return {
+        "drift": drift_of(agent.id, now, current_app.config["DRIFT_ALARM_SHARE"]),
+        "chart": Chart(core_history(agent.id, now, CHART_DAYS), agent.core_token_budget),
+        "chart_days": CHART_DAYS,
+        "waiting": db.session.scalar(pending_proposal(agent.id, now)),
+    }
