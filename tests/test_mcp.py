@@ -200,6 +200,34 @@ def test_a_person_hears_only_what_their_chats_allow(app, acme, ada, admin, membe
     assert _found(result) == []
 
 
+def test_a_key_revoked_while_a_session_is_open_ends_its_access(app, ada, member):
+    key, secret = _key(member)
+    server = build_server(app, Caller(ada.id, key=secret), agent_slug=ada.slug)
+
+    async def run():
+        async with Client(server) as client:
+            before = await client.call_tool("prompt_memory", {})
+            key.revoke()
+            db.session.commit()
+            after = await client.call_tool("prompt_memory", {})
+            return before, after
+
+    before, after = anyio.run(run)
+
+    assert not before.is_error
+    assert after.is_error and "revoked" in after.content[0].text
+
+
+def test_the_web_relay_says_when_the_mcp_process_is_down(app, client):
+    app.config["MCP_PORT"] = free_port()  # nothing listens there
+
+    response = client.post("/mcp/ada", json={}, headers={"Authorization": "Bearer cairn_x"})
+
+    assert response.status_code == 503
+    assert response.json["error"]["code"] == "mcp_unavailable"
+    assert response.headers["Retry-After"] == "5"
+
+
 def _live_people(live_app):
     acme = factories.account("Acme")
     admin = factories.user(acme, "dana@example.com", "admin")

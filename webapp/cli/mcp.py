@@ -8,8 +8,8 @@ from flask.cli import AppGroup
 
 from webapp.cli.options import ACCOUNT_HELP, AGENT_HELP, resolve_account, resolve_agent
 from webapp.extensions import db
-from webapp.mcp.keys import live_key
 from webapp.models import Agent, User
+from webapp.web.api_auth import key_for_bearer
 
 mcp_cli = AppGroup("mcp", help="The MCP server for agents' memory.")
 
@@ -58,7 +58,7 @@ def _person(email: str | None, key: str | None) -> User:
     if (email is None) == (key is None):
         raise click.UsageError("Say who it acts as: --user EMAIL, or --key (or CAIRN_API_KEY), not both.")
     if key is not None:
-        found = live_key(key)
+        found = key_for_bearer(f"Bearer {key}")
         if found is None:
             raise click.ClickException("That API key is unknown or revoked.")
         return found.user

@@ -3,7 +3,8 @@
 The SDK's transport is an ASGI (Starlette) app; this process serves it with uvicorn (`flask mcp http`, a process
 of its own under `make run` and in deploy/). It is stateless (each POST is answered whole, as JSON, with no
 session kept between requests), so it can be restarted, or run as several processes, without clients noticing.
-In front of it, a gate checks each request before the SDK sees it: a missing, unknown or revoked key is 401, a
+In front of it, a gate checks each request before the SDK sees it (the key as /v1 checks it, with
+webapp.web.api_auth): a missing, unknown or revoked key is 401, a
 key past RATE_LIMIT_MCP is 429 with Retry-After, an agent not in the key's account is 404; errors are JSON in
 the OpenAI error shape that /v1 answers with.
 """
@@ -27,9 +28,9 @@ from redis.exceptions import RedisError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from webapp.extensions import db
-from webapp.mcp.keys import live_key
 from webapp.mcp.server import CALLER, Caller, build_server
 from webapp.models import Agent
+from webapp.web.api_auth import key_for_bearer
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,7 @@ class Gate:
         if found is None:
             raise Refusal(404, "Not found: the MCP server is at /mcp/<agent-slug>.", "not_found")
         with self.app.app_context():
-            key = live_key(_bearer(scope))
+            key = key_for_bearer(_authorization(scope))
             if key is None:
                 raise Refusal(
                     401,
@@ -128,12 +129,8 @@ class Gate:
             log.warning("MCP rate limit not counted (storage unavailable): %s", error)
 
 
-def _bearer(scope: Scope) -> str:
-    for name, value in scope["headers"]:
-        if name == b"authorization":
-            scheme, _, secret = value.decode("latin-1").partition(" ")
-            return secret.strip() if scheme.lower() == "bearer" else ""
-    return ""
+def _authorization(scope: Scope) -> str | None:
+    return next((v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"), None)
 
 
 def _storage_options(app: Flask) -> dict[str, Any]:

@@ -18,10 +18,10 @@ from pydantic import Field
 
 from webapp.extensions import db
 from webapp.mcp import memory
-from webapp.mcp.keys import live_key
 from webapp.mcp.memory import Refused
 from webapp.models import Agent, User
 from webapp.models.memories import MAX_CONTENT_CHARS
+from webapp.web.api_auth import key_for_bearer
 
 CALLER = "cairn.mcp.caller"  # the key of a request's Caller in its ASGI scope (set by http.py)
 T = TypeVar("T")
@@ -113,7 +113,7 @@ def _core_of(user: User, agent: Agent, slug: str) -> str:
 def _person_and_agent(caller: Caller) -> tuple[User, Agent]:
     """The person and the agent a call acts for, as they are now; Refused when the key or person is gone."""
     if caller.key is not None:
-        key = live_key(caller.key)
+        key = key_for_bearer(f"Bearer {caller.key}")
         user = key.user if key is not None else None
     else:
         user = db.session.get(User, caller.user_id)
