@@ -3,10 +3,9 @@
 The SDK's transport is an ASGI (Starlette) app; this process serves it with uvicorn (`flask mcp http`, a process
 of its own under `make run` and in deploy/). It is stateless (each POST is answered whole, as JSON, with no
 session kept between requests), so it can be restarted, or run as several processes, without clients noticing.
-In front of it, a gate checks each request before the SDK sees it (the key as /v1 checks it, with
-webapp.web.api_auth): a missing, unknown or revoked key is 401, a
-key past RATE_LIMIT_MCP is 429 with Retry-After, an agent not in the key's account is 404; errors are JSON in
-the OpenAI error shape that /v1 answers with.
+In front of it, a gate checks each request before the SDK sees it, the key as /v1 checks it
+(webapp.web.api_auth): a missing, unknown or revoked key is 401, a key past RATE_LIMIT_MCP is 429 with
+Retry-After, an agent not in the key's account is 404; errors are JSON in the OpenAI error shape of /v1.
 """
 
 import json
