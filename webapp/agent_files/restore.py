@@ -168,46 +168,50 @@ def _check_references(document: dict[str, Any]) -> None:
     audit = _unique(document["audit"], "audit row")
     chats = _unique(document["chats"], "chat")
     messages = _unique([m for chat in chats.values() for m in chat.get("messages", [])], "message")
+    pools = {"memory": memories, "audit": audit, "chat": chats, "message": messages}
     for ref, memory in memories.items():
-        _known(memory["chat"], chats, f"memory {ref}", "chat")
-        if memory["audience"] == "chat" and memory["chat"] is None:
-            raise AgentFileError(f"Memory {ref} is heard in the chat it came from, but names no chat.")
-        if memory["constitutional"] and memory["deleted_at"]:
-            raise AgentFileError(f"Memory {ref} is constitutional and deleted: Cairn never deletes one.")
+        _check_memory(ref, memory, chats)
     for ref, row in audit.items():
-        if row["target"] != "agent":
-            _known(row["target"], memories, f"audit row {ref}", "memory")
-        for key, value in row["data"].items():
-            kind = DATA_REFS.get(key)
-            if kind is None and names_an_id(key):
-                raise AgentFileError(f"Audit row {ref} names {key}, a row this format does not carry.")
-            if kind is not None:
-                if (
-                    value is None
-                    and kind in ("memory", "audit")
-                    or value is not None
-                    and not is_ref(kind, value)
-                ):
-                    raise AgentFileError(
-                        f"Audit row {ref} has {key} = {value!r}, not a reference to a {kind}."
-                    )
-                pool = {"memory": memories, "audit": audit, "chat": chats, "message": messages}[kind]
-                _known(value, pool, f"audit row {ref}", kind)
+        _check_audit_row(ref, row, pools)
     for ref, chat in chats.items():
-        own = {m["ref"]: m for m in chat.get("messages", [])}
-        _known(chat.get("consolidated_through"), own, f"chat {ref}", "message of its own")
-        _known(chat.get("compacted_through"), own, f"chat {ref}", "message of its own")
-        for message in own.values():
-            if sources := message["sources"]:
-                where = f"message {message['ref']}"
-                for memory_ref in sources["memories"] + sources["recalled_memories"]:
-                    _known(memory_ref, memories, where, "memory")
-                for chat_ref in [
-                    *sources["recalled_chats"],
-                    *sources["summary_chats"],
-                    sources["borrowed_chat"],
-                ]:
-                    _known(chat_ref, chats, where, "chat")
+        _check_chat(ref, chat, pools)
+
+
+def _check_memory(ref: str, memory: dict[str, Any], chats: dict[str, Any]) -> None:
+    _known(memory["chat"], chats, f"memory {ref}", "chat")
+    if memory["audience"] == "chat" and memory["chat"] is None:
+        raise AgentFileError(f"Memory {ref} is heard in the chat it came from, but names no chat.")
+    if memory["constitutional"] and memory["deleted_at"]:
+        raise AgentFileError(f"Memory {ref} is constitutional and deleted: Cairn never deletes one.")
+
+
+def _check_audit_row(ref: str, row: dict[str, Any], pools: dict[str, dict[str, Any]]) -> None:
+    if row["target"] != "agent":
+        _known(row["target"], pools["memory"], f"audit row {ref}", "memory")
+    for key, value in row["data"].items():
+        kind = DATA_REFS.get(key)
+        if kind is None:
+            if names_an_id(key):
+                raise AgentFileError(f"Audit row {ref} names {key}, a row this format does not carry.")
+            continue
+        required = kind in ("memory", "audit")  # what a merge or an undo names is always in the file
+        if (value is None and required) or (value is not None and not is_ref(kind, value)):
+            raise AgentFileError(f"Audit row {ref} has {key} = {value!r}, not a reference to a {kind}.")
+        _known(value, pools[kind], f"audit row {ref}", kind)
+
+
+def _check_chat(ref: str, chat: dict[str, Any], pools: dict[str, dict[str, Any]]) -> None:
+    own = {m["ref"]: m for m in chat.get("messages", [])}
+    _known(chat.get("consolidated_through"), own, f"chat {ref}", "message of its own")
+    _known(chat.get("compacted_through"), own, f"chat {ref}", "message of its own")
+    for message in own.values():
+        sources = message["sources"] or {}
+        where = f"message {message['ref']}"
+        for memory_ref in sources.get("memories", []) + sources.get("recalled_memories", []):
+            _known(memory_ref, pools["memory"], where, "memory")
+        chats = [*sources.get("recalled_chats", []), *sources.get("summary_chats", [])]
+        for chat_ref in [*chats, sources.get("borrowed_chat")]:
+            _known(chat_ref, pools["chat"], where, "chat")
 
 
 def _unique(rows: list[dict[str, Any]], what: str) -> dict[str, dict[str, Any]]:
@@ -289,8 +293,13 @@ class _Restore:
         self._link_undos()
         self._record_chats()
         imported.memories, imported.audit_rows = len(self.memories), len(self.rows)
-        imported.chats = sum(1 for entry in self.document["chats"] if entry["included"])
         imported.archived_chats = len(self.archived)
+        imported.chats = len(self.chats) - imported.archived_chats
+        self._record_import(imported)
+        return imported
+
+    def _record_import(self, imported: Imported) -> None:
+        """The agent's audit row saying it was imported, by whom, from what and how much."""
         AuditLog.record(
             AGENT_IMPORT,
             self.agent,
@@ -300,14 +309,13 @@ class _Restore:
             via=self.via,
             format_version=self.document["version"],
             exported_at=self.document["exported_at"],
-            file_name=settings["name"],
+            name_in_file=self.document["agent"]["name"],
             memories=imported.memories,
             audit_rows=imported.audit_rows,
             chats=imported.chats,
             archived_chats=imported.archived_chats,
         )
         db.session.flush()
-        return imported
 
     def _people_of_account(self) -> dict[str, User]:
         """The account's people, by e-mail, whom the file names."""

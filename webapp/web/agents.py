@@ -129,11 +129,10 @@ def _index_page(form: ImportForm) -> str:
 @admin_required
 def import_file() -> ResponseReturnValue:
     """Restore an agent from an uploaded file as a new agent of the account, or say why the file is refused."""
-    request.max_content_length = MAX_FILE_BYTES
     form = ImportForm()
     if form.validate_on_submit():
         try:
-            document = read(form.file.data.read())
+            document = read(_upload(form.file.data))
             imported = import_agent(
                 document, current_user.account, name=form.name.data or None, by=current_user, via="web"
             )
@@ -145,6 +144,15 @@ def import_file() -> ResponseReturnValue:
             flash(imported.summary())
             return redirect(url_for("admin.ledger", agent_id=imported.agent.id), code=303)
     return _index_page(form), 422
+
+
+def _upload(file) -> bytes:
+    data = file.read(MAX_FILE_BYTES + 1)
+    if len(data) > MAX_FILE_BYTES:
+        raise AgentFileError(
+            f"The file is larger than {MAX_FILE_BYTES // 2**20} MB: import it with `flask agents import`."
+        )
+    return data
 
 
 @bp.post("/<int:agent_id>/export")
