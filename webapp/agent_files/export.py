@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.orm import joinedload
 
 from webapp.agent_files.schema import DATA_REFS, FORMAT, VERSION, names_an_id, ref
 from webapp.extensions import db
@@ -243,7 +244,10 @@ def _messages(chat_ids: list[int]) -> list[Message]:
         return []
     return list(
         db.session.scalars(
-            sa.select(Message).where(Message.chat_id.in_(chat_ids)).order_by(Message.chat_id, Message.id)
+            sa.select(Message)
+            .options(joinedload(Message.user), joinedload(Message.agent))
+            .where(Message.chat_id.in_(chat_ids))
+            .order_by(Message.chat_id, Message.id)
         )
     )
 
