@@ -1,6 +1,6 @@
 """The ledger's drift chart: an agent's core memory over time (webapp.models.drift) drawn as inline SVG by the
-server, no script: its tokens as a line against the budget, its count as a dashed line, and the changes that
-moved it marked by kind in lanes below. Its words (title, description, legend) are HTML and SVG text a screen
+server, no script: its tokens against the budget in one band, its count in a band below, and the changes that
+moved it marked by kind in lanes under both. Its words (title, description, legend) are HTML and SVG text a screen
 reader reads; the drawing itself carries no text, so it scales to a phone."""
 
 from dataclasses import dataclass
@@ -16,8 +16,9 @@ from webapp.models.proposals import pending_proposal
 from webapp.timeutil import utcnow
 
 CHART_DAYS = 90
-WIDTH, PLOT_TOP, PLOT_BOTTOM = 640, 8, 100
-LANE_TOP, LANE_HEIGHT = 112, 9
+WIDTH = 640
+TOKENS_BAND, COUNT_BAND = (6, 66), (80, 114)  # (top, bottom) of each band
+LANE_TOP, LANE_HEIGHT = 124, 9
 KINDS = {  # kind: (its lane, how the legend names it)
     "added": (0, "added"),
     "merged": (1, "merged"),
@@ -35,8 +36,8 @@ class Chart:
     budget: int
     width: ClassVar[int] = WIDTH
     height: ClassVar[int] = HEIGHT
-    plot_top: ClassVar[int] = PLOT_TOP
-    plot_bottom: ClassVar[int] = PLOT_BOTTOM
+    tokens_band: ClassVar[tuple[int, int]] = TOKENS_BAND
+    count_band: ClassVar[tuple[int, int]] = COUNT_BAND
 
     @property
     def top_tokens(self) -> int:
@@ -50,23 +51,24 @@ class Chart:
         span = (self.history.now - self.history.since).total_seconds() or 1
         return round(WIDTH * (at - self.history.since).total_seconds() / span, 1)
 
-    def _y(self, value: int, top: int) -> float:
-        return round(PLOT_BOTTOM - (PLOT_BOTTOM - PLOT_TOP) * value / top, 1)
+    @staticmethod
+    def _y(value: int, top: int, band: tuple[int, int]) -> float:
+        return round(band[1] - (band[1] - band[0]) * value / top, 1)
 
-    def _path(self, values: list[tuple[datetime, int]], top: int) -> str:
-        return "M" + " L".join(f"{self.x(at)} {self._y(value, top)}" for at, value in values)
+    def _path(self, values: list[tuple[datetime, int]], top: int, band: tuple[int, int]) -> str:
+        return "M" + " L".join(f"{self.x(at)} {self._y(value, top, band)}" for at, value in values)
 
     @property
     def tokens_path(self) -> str:
-        return self._path([(p.at, p.tokens) for p in self.history.points], self.top_tokens)
+        return self._path([(p.at, p.tokens) for p in self.history.points], self.top_tokens, TOKENS_BAND)
 
     @property
     def count_path(self) -> str:
-        return self._path([(p.at, p.count) for p in self.history.points], self.top_count)
+        return self._path([(p.at, p.count) for p in self.history.points], self.top_count, COUNT_BAND)
 
     @property
     def budget_y(self) -> float:
-        return self._y(self.budget, self.top_tokens)
+        return self._y(self.budget, self.top_tokens, TOKENS_BAND)
 
     @property
     def window_x(self) -> float:

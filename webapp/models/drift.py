@@ -12,6 +12,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from itertools import groupby
 from typing import Any
 
 import sqlalchemy as sa
@@ -170,7 +171,10 @@ class History:
 
 
 def core_history(agent_id: int, now: datetime, days: int) -> History:
-    """The agent's core memory over the last `days` days, from its audit rows read newest first (two queries)."""
+    """The agent's core memory over the last `days` days, from its audit rows read newest first (two queries).
+
+    The rows of one minute make one step: a merge's new memory and the parts it replaced (or an approval's
+    changes) land together, so no passing state of a single change is drawn."""
     since = now - timedelta(days=days)
     rows = db.session.scalars(
         sa.select(AuditLog)
@@ -182,16 +186,19 @@ def core_history(agent_id: int, now: datetime, days: int) -> History:
     count, tokens = core_totals([agent_id])[agent_id]
     history, counter, seen = History(since, now), _Tokens(), Counter()
     history.points.append(Point(now, count, tokens))
-    for row in rows:
-        moved_count, moved_tokens = core_delta(row, counter)
+    for minute, group in groupby(rows, key=lambda row: row.created_at.replace(second=0, microsecond=0)):
+        moves = [(row, core_delta(row, counter)) for row in group]
+        moved_count, moved_tokens = (sum(move[i] for _row, move in moves) for i in (0, 1))
+        for row, move in moves:
+            if (
+                any(move) and row.action != "memory_refinement_consolidate"
+            ):  # a merge counts once, by its new memory
+                seen[(minute.replace(hour=0, minute=0), KIND_OF.get(row.action, "changed"))] += 1
         if not (moved_count or moved_tokens):
             continue
-        history.points.append(Point(row.created_at, count, tokens))
+        history.points.append(Point(minute, count, tokens))
         count, tokens = max(count - moved_count, 0), max(tokens - moved_tokens, 0)
-        history.points.append(Point(row.created_at, count, tokens))
-        if row.action != "memory_refinement_consolidate":  # a merge is counted once, by the memory it made
-            day = row.created_at.replace(hour=0, minute=0, second=0, microsecond=0)
-            seen[(day, KIND_OF.get(row.action, "changed"))] += 1
+        history.points.append(Point(minute, count, tokens))
     if len(rows) == HISTORY_ROWS:
         history.since = rows[-1].created_at
     history.points.append(Point(history.since, count, tokens))
