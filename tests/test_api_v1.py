@@ -516,7 +516,7 @@ def test_the_openai_client_talks_to_an_agent_of_a_running_cairn(cairn, live_app,
 
     assert [m.id for m in client.models.list()] == ["ada"]
 
-    fake_llm.reply("You water them on Sundays.")
+    fake_llm.reply("You water them on Sundays.", model="ada-model")  # summaries have their own
     plain = client.chat.completions.create(
         model="ada", messages=[{"role": "user", "content": "When do I water?"}]
     )
@@ -527,7 +527,7 @@ def test_the_openai_client_talks_to_an_agent_of_a_running_cairn(cairn, live_app,
     assert chat.is_private and chat.started_by_id == dana.id
 
     fake_llm.chunk_delay = 0.05
-    fake_llm.reply("Sunday mornings are best, before the heat.")
+    fake_llm.reply("Sunday mornings are best, before the heat.", model="ada-model")
     history = [
         {"role": "user", "content": "When do I water?"},
         {"role": "assistant", "content": "You water them on Sundays."},
