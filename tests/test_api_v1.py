@@ -9,17 +9,21 @@ a worker, redis-server, the fake model) with the official openai client.
 import json
 import subprocess
 import threading
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+import time_machine
 from rq import SimpleWorker
 
 from tests import factories
 from tests.conftest import free_port, wait_for, worker_env
 from webapp.extensions import db
+from webapp.jobs.consolidation import consolidate_chat, consolidate_stale_chats
 from webapp.jobs.queue import rq_queue
-from webapp.models import ApiKey, Chat, ChatPerson, Message
+from webapp.models import AgentMemory, ApiKey, Chat, ChatPerson, Message
+from webapp.timeutil import utcnow
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -331,6 +335,18 @@ def test_a_streamed_reply_that_fails_ends_with_an_error_event(client, key, ada, 
     assert error["code"] == "reply_failed" and "model not found upstream" in error["message"]
 
 
+def test_a_stream_cut_after_its_text_was_sent_says_the_reply_is_written_again(client, key, ada, fake_llm):
+    fake_llm.chunk_delay = 0.15  # each word its own event
+    fake_llm.cut("alpha bravo charlie")  # then the model's connection closes: the job retries, from the start
+
+    events = _events(_ask(client, key, _body(stream=True)))
+
+    text = "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-1])
+    assert text.startswith("alpha") and "[DONE]" not in events
+    error = events[-1]["error"]
+    assert error["code"] == "reply_restarted" and "Ask again" in error["message"]
+
+
 def test_a_plain_reply_that_fails_is_a_502_and_one_no_worker_takes_is_a_503(app, client, key, ada, fake_llm):
     fake_llm.fail(400, "model not found upstream")
     failed = _ask(client, key, _body())
@@ -445,6 +461,21 @@ def test_a_memory_from_an_earlier_chat_of_the_person_is_in_the_prompt_and_anothe
     prompt = fake_llm.requests[-1]["messages"][-1]["content"]
     assert "Dana waters the roses on Sundays." in prompt
     assert "surprise" not in json.dumps(fake_llm.requests[-1])
+
+
+def test_the_exchange_is_consolidated_into_memory_like_any_one_to_one_chat(client, key, ada, fake_llm):
+    fake_llm.reply("Noted.")
+    _ask(client, key, _body("I water the roses on Sundays."))
+    [chat] = _api_chats()
+    fake_llm.reply(json.dumps({"journal": ["Dana waters the roses on Sundays."], "core": []}))
+
+    with time_machine.travel(utcnow() + timedelta(hours=7)):
+        assert consolidate_stale_chats() == {"chats": 1}  # idle for long enough, as any chat
+        consolidate_chat(chat.id)
+
+    memory = db.session.scalar(sa.select(AgentMemory))
+    assert (memory.agent_id, memory.content) == (ada.id, "Dana waters the roses on Sundays.")
+    assert (memory.chat_id, memory.audience) == (chat.id, "chat")  # heard where Dana's private chat may be
 
 
 def test_past_the_limit_a_429_with_retry_after_shared_with_the_persons_pages(
