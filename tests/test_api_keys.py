@@ -5,10 +5,12 @@
 import re
 from datetime import timedelta
 
+import pytest
 import sqlalchemy as sa
 import time_machine
 
 from tests import factories
+from tests.test_first_hour_browser import check_page, size, tap  # noqa: F401  (size: the viewport fixture)
 from webapp.extensions import db
 from webapp.models import ApiKey
 from webapp.timeutil import utcnow
@@ -20,7 +22,9 @@ def _make(client, name: str = "Open WebUI"):
 
 
 def _secret(page: str) -> str:
-    return re.search(r'<code id="new-key-secret">(cairn_[^<]+)</code>', page).group(1)
+    return re.search(r'<textarea id="new-key-secret" rows="2" readonly>(cairn_[^<]+)</textarea>', page).group(
+        1
+    )
 
 
 def test_the_account_page_holds_name_password_and_keys_and_the_old_url_leads_there(client, auth, member):
@@ -235,3 +239,36 @@ def test_a_key_acts_as_its_person_only(client, member, stranger):
 
     assert listed["data"] == []  # Acme has no agents; Globex's are not Milo's to see
     assert client.get("/chats/", headers={"Authorization": f"Bearer {secret}"}).status_code == 302  # no pages
+
+
+# In a real browser
+
+
+@pytest.mark.browser
+def test_making_copying_and_revoking_a_key_in_a_browser(page, size, live_server):  # noqa: F811
+    from playwright.sync_api import expect
+
+    member = factories.user(factories.account("Acme"), "milo@example.com", "member")
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    page.goto(f"{live_server}/login")
+    page.get_by_label("Email").fill(member.email)
+    page.get_by_label("Password").fill(factories.PASSWORD)
+    tap(page.get_by_role("button", name="Sign in"))
+    expect(page.get_by_role("heading", name="Chats", level=1)).to_be_visible()
+    page.goto(f"{live_server}/account")
+    expect(page.get_by_role("heading", name="API keys")).to_be_visible()
+    check_page(page, size, "api-keys-none")
+
+    page.get_by_label("Name of the new key").fill("Open WebUI")
+    tap(page.get_by_role("button", name="Make a key"))
+    secret = page.get_by_label("Your new key").input_value()
+    tap(page.get_by_role("button", name="Copy key"))
+
+    assert secret.startswith("cairn_") and page.evaluate("navigator.clipboard.readText()") == secret
+    assert person_for_bearer(f"Bearer {secret}") == member
+    check_page(page, size, "api-keys-made")
+
+    tap(page.get_by_role("button", name="Revoke the key Open WebUI"))
+    expect(page.get_by_text("Revoked the key “Open WebUI”")).to_be_visible()
+    assert person_for_bearer(f"Bearer {secret}") is None
+    check_page(page, size, "api-keys-revoked")

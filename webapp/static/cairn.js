@@ -201,7 +201,7 @@ document.addEventListener("click", (event) => {
   if (!button) return;
   const source = button.matches(".copy-code") ? button.parentElement.querySelector("code, pre")
     : document.querySelector(button.dataset.copy);
-  if (source) copyText(source.innerText, button);
+  if (source) copyText(source instanceof HTMLTextAreaElement ? source.value : source.innerText, button);
 });
 
 function addCodeCopyButtons(root) {
