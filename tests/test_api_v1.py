@@ -19,6 +19,7 @@ from rq import SimpleWorker
 
 from tests import factories
 from tests.conftest import free_port, wait_for, worker_env
+from webapp import events
 from webapp.extensions import db
 from webapp.jobs.consolidation import consolidate_chat, consolidate_stale_chats
 from webapp.jobs.queue import rq_queue
@@ -496,6 +497,21 @@ def test_past_the_limit_a_429_with_retry_after_shared_with_the_persons_pages(
     error = refused.json["error"]
     assert (error["type"], error["code"]) == ("requests", "rate_limit_exceeded")
     assert "You are asking the agents too often" in error["message"]
+
+
+def test_waiting_requests_take_the_persons_stream_slots_and_give_them_back(app, client, key, admin, ada):
+    _ask(client, key, _body(stream=True))
+    _ask(client, key, _body("Again."))
+    assert events.open_stream_count(admin.id) == 0
+    app.config["STREAM_MAX_PER_USER"] = 1
+    release = events.take_stream_slot(admin.id, 1, 60)  # a chat page's stream holds the one slot
+
+    refused = _ask(client, key, _body("A third."), worker=False)
+
+    release()
+    assert refused.status_code == 429 and refused.json["error"]["code"] == "rate_limit_exceeded"
+    assert "Too many of your replies are open at once" in refused.json["error"]["message"]
+    assert len(_api_chats()) == 2  # the third was refused before anything was posted
 
 
 def test_the_api_needs_no_csrf_token(app, client, key, ada):

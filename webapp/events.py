@@ -58,11 +58,12 @@ def listen(chat_id: int, max_seconds: float, keepalive: float) -> Iterator[dict[
 def subscribed(chat_id: int) -> Iterator[queue.Queue]:
     """The chat's events from now on, in a queue: subscribe before posting what a reply is asked for, and
     none of its events is missed (an API client waiting for the reply)."""
-    inbox = _relay().join(chat_id)
+    relay = _relay()  # left without the app's context too (a response closed by the server)
+    inbox = relay.join(chat_id)
     try:
         yield inbox
     finally:
-        _relay().leave(chat_id, inbox)
+        relay.leave(chat_id, inbox)
 
 
 class _Relay:

@@ -1,7 +1,7 @@
 """GET /v1/models, GET /v1/models/<id> and POST /v1/chat/completions: the agents of the key's person's account
 as models, and an exchange with one of them as a chat of that person."""
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from datetime import UTC
 
@@ -12,10 +12,10 @@ from flask.typing import ResponseReturnValue
 from webapp import events
 from webapp.api import errors
 from webapp.api.answers import Completion, follow, streamed, waited
-from webapp.api.conversations import agent_for, chat_for, parse
+from webapp.api.conversations import Asked, agent_for, chat_for, parse
 from webapp.api.errors import ApiError
 from webapp.extensions import db
-from webapp.models import Agent
+from webapp.models import Agent, Chat, User
 from webapp.web.api_auth import person_for_bearer
 from webapp.web.chats import post_message
 from webapp.web.guards import replies_limit
@@ -70,48 +70,52 @@ def chat_completions() -> ResponseReturnValue:
     person = g.api_person
     asked = parse(person, request.get_json(silent=True))
     if asked.agent.paused:
-        raise ApiError(
-            409,
-            f"{asked.agent.name} is paused: an admin of your account can unpause it.",
-            code="model_paused",
-        )
+        raise _paused(asked.agent.name)
     seconds = current_app.config.get("API_REPLY_SECONDS", REPLY_SECONDS)
-    stack = ExitStack()  # the stream slot and the subscription, let go when the response ends
-    release = events.take_stream_slot(person.id, current_app.config["STREAM_MAX_PER_USER"], seconds)
+    name, completion = asked.agent.name, Completion(model=asked.agent.slug)
+    with ExitStack() as held:  # a stream slot and the chat's events, while the reply is waited for
+        held.callback(_stream_slot(person.id, seconds))
+        chat = chat_for(person, asked)
+        inbox = held.enter_context(events.subscribed(chat.id))  # before the reply is asked for: none missed
+        answer = follow(inbox, _ask(chat, person, asked), seconds)
+        if not asked.stream:
+            return waited(completion, name, answer, seconds)
+        kept = held.pop_all()  # let go by the stream
+    chunks = _closing(streamed(completion, name, answer, seconds, asked.include_usage), kept)
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    response = Response(stream_with_context(chunks), mimetype="text/event-stream", headers=headers)
+    response.call_on_close(kept.close)  # also when the stream never started
+    return response
+
+
+def _paused(name: str) -> ApiError:
+    return ApiError(409, f"{name} is paused: an admin of your account can unpause it.", code="model_paused")
+
+
+def _stream_slot(person_id: int, seconds: float) -> Callable[[], None]:
+    """One of the person's STREAM_MAX_PER_USER slots (chat pages' streams and API requests waiting for replies
+    share them), or a 429."""
+    release = events.take_stream_slot(person_id, current_app.config["STREAM_MAX_PER_USER"], seconds)
     if release is None:
         raise ApiError(
             429, "Too many of your replies are open at once; wait for one to finish.", kind="requests",
             code="rate_limit_exceeded", headers={"Retry-After": "5"},
         )  # fmt: skip
-    stack.callback(release)
-    try:
-        chat = chat_for(person, asked)
-        inbox = stack.enter_context(
-            events.subscribed(chat.id)
-        )  # before the reply is asked for: no event missed
-        name, completion = asked.agent.name, Completion(model=asked.agent.slug)
-        _, replies = post_message(chat, person, asked.content, [asked.agent])
-        if not replies:  # paused meanwhile
-            raise ApiError(
-                409, f"{name} is paused: an admin of your account can unpause it.", code="model_paused"
-            )
-        reply_id = replies[0].id
-        db.session.close()  # hold no database connection while waiting
-    except BaseException:
-        stack.close()
-        raise
-    answer = follow(inbox, reply_id, seconds)
-    if not asked.stream:
-        with stack:
-            return waited(completion, name, answer, seconds)
-    chunks = _closing(streamed(completion, name, answer, seconds, asked.include_usage), stack)
-    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    response = Response(stream_with_context(chunks), mimetype="text/event-stream", headers=headers)
-    response.call_on_close(stack.close)  # the stream ended, or its client left (the next write failed)
-    return response
+    return release
 
 
-def _closing(chunks: Iterator[str], stack: ExitStack) -> Iterator[str]:
-    """The chunks, then the stream slot and the subscription let go, in the request's context."""
-    with stack:
+def _ask(chat: Chat, person: User, asked: Asked) -> int:
+    """Post the person's message and ask the agent, as the chat page does; the id of the reply to wait for."""
+    _, replies = post_message(chat, person, asked.content, [asked.agent])
+    if not replies:
+        raise _paused(asked.agent.name)  # paused meanwhile
+    reply_id = replies[0].id
+    db.session.close()  # hold no database connection while waiting
+    return reply_id
+
+
+def _closing(chunks: Iterator[str], held: ExitStack) -> Iterator[str]:
+    """The chunks; then the stream slot and the chat's events are let go, when the stream ends or its client
+    leaves (the next write fails and the generator is closed)."""
+    with held:
         yield from chunks
