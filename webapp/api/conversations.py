@@ -29,7 +29,7 @@ class Asked:
 
     agent: Agent
     content: str
-    history: list[tuple[str, str]]  # (role, text) of the user and assistant messages before the new one
+    history: list[tuple[str, str]]  # (role, text) of the user and assistant messages with text before it
     client_id: str | None
     stream: bool
     include_usage: bool
@@ -55,7 +55,7 @@ def parse(person: User, body: Any) -> Asked:
     return Asked(
         agent=agent_for(person, body.get("model")),
         content=content,
-        history=[(r, t) for r, t in turns[:-1] if r in ("user", "assistant")],
+        history=[(r, t) for r, t in turns[:-1] if r in ("user", "assistant") and t.strip()],
         client_id=_client_id(body),
         stream=stream,
         include_usage=isinstance(options, dict) and options.get("include_usage") is True,
