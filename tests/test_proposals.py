@@ -556,7 +556,7 @@ def test_the_cli_lists_and_decides_proposals(runner, admin, ada, fake_llm):
     assert "No proposal waits for review." in runner.invoke(args=["memories", "proposals"]).output
 
 
-def test_the_cli_rejects_and_checks_its_options(runner, ada, fake_llm):
+def test_the_cli_rejects_and_checks_its_options(client, signed_in, runner, ada, fake_llm):
     (a,) = _memories(ada, "a")
     proposal = _propose(ada, fake_llm, _call("delete", id=str(a.id)))
 
@@ -570,6 +570,8 @@ def test_the_cli_rejects_and_checks_its_options(runner, ada, fake_llm):
 
     assert rejected.exit_code == 0 and "1 rejected" in rejected.output
     assert db.session.get(AgentMemory, a.id).deleted_at is None
+    decided = client.get("/admin/audit?action=memory_proposal_decided").text
+    assert "the command line" in decided and f"Proposal #{proposal.id}: 1 rejected" in decided
 
 
 def test_new_agents_stage_and_the_form_sets_it(client, signed_in, admin):

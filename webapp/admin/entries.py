@@ -117,6 +117,8 @@ class Entry:
             return self.email
         if imported := (self.row.data or {}).get("who"):
             return f"{imported.get('email') or imported.get('name')} (imported)"
+        if self.via == "cli" and (self.row.data or {}).get("proposal_id"):
+            return "the command line"  # a proposal decided with no --by
         return f"{self.agent_name or 'an agent'} ({self.via})"
 
     @property
