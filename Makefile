@@ -29,9 +29,10 @@ $(INSTALLED): pyproject.toml scripts/install-local-llm.sh
 test-system-deps:
 	scripts/install-test-deps.sh
 
+# Both databases at once (a machine's second core would otherwise idle while tests wait on workers and
+# browsers); each suite's output is printed whole when it ends.
 test: $(INSTALLED) test-system-deps
-	$(MAKE) test-sqlite
-	$(MAKE) test-postgres
+	$(MAKE) --jobs=2 --output-sync=target test-sqlite test-postgres
 
 test-sqlite:
 	pytest
