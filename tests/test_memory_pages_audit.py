@@ -413,3 +413,22 @@ def test_the_audit_and_session_pages_run_a_constant_number_of_queries(client, si
     large = [_queries(client, url) for url in ("/admin/audit", f"/admin/agents/{ada.id}/sessions")]
 
     assert large == small
+
+
+def test_a_conversation_summary_edit_is_listed_without_its_text(client, signed_in, admin, ada, member):
+    """The audit log is read by every admin; a chat's summary is read on the chat's page, by its readers."""
+    private = factories.chat(admin.account, [ada], "Member's own", people=[member])
+    db.session.add(
+        AuditLog(
+            action="chat_memory_doc_update", auditable_type="Chat", auditable_id=private.id,
+            account_id=admin.account_id, user_id=member.id, data={"before": {"memory_doc": "old secret"},
+            "after": {"memory_doc": "PLUM-7731 is the locker code"}, "via": "admin"},
+        )
+    )  # fmt: skip
+    db.session.commit()
+
+    page = client.get("/admin/audit")
+
+    assert page.status_code == 200
+    assert "PLUM-7731" not in page.text and "old secret" not in page.text
+    assert "Member's own" not in page.text

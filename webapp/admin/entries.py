@@ -135,8 +135,9 @@ class Entry:
 
     @cached_property
     def diff(self) -> list[tuple[str, str]] | None:
-        """The content's word diff; None when the content did not change (or this is not a memory change)."""
-        if not self.after:
+        """The content's word diff; None when the content did not change, or this is not a memory change (a chat's
+        summary is read on its chat's page, by those who may read the chat, never here)."""
+        if not (self.is_memory_change and self.after):
             return None
         old = (self.before or {}).get("content", "")
         if self.before and old == self.after["content"]:
