@@ -2,6 +2,8 @@
 stdio (`flask mcp serve`) and over streamable HTTP (`flask mcp http`, reached through the web process's /mcp
 relay), acting as one person with what they may hear and see."""
 
+import concurrent.futures
+import contextvars
 import json
 import subprocess
 import sys
@@ -44,6 +46,14 @@ def _memory(agent, content, memory_type="core", *, chat=None, **fields) -> Agent
     return row
 
 
+def _run(func):
+    """anyio.run(func) in a thread of its own, with this thread's context (the app's): a browser test earlier in
+    the session leaves Playwright's event loop running in this one, where anyio.run refuses to start."""
+    context = contextvars.copy_context()
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(context.run, anyio.run, func).result()
+
+
 def _in_process(app, agent, person):
     return Client(build_server(app, Caller(agent.id, user_id=person.id), agent_slug=agent.slug))
 
@@ -55,7 +65,7 @@ def _call(client_factory, *calls):
         async with client_factory() as client:
             return [await client.call_tool(name, arguments) for name, arguments in calls]
 
-    return anyio.run(run)
+    return _run(run)
 
 
 def _found(result) -> list[str]:
@@ -79,7 +89,7 @@ def test_the_tools_and_the_core_memory_resource_are_listed_and_read(app, ada, ad
             core = await client.read_resource(f"memory://{ada.slug}/core")
             return tools, resources, core
 
-    tools, resources, core = anyio.run(run)
+    tools, resources, core = _run(run)
 
     assert {tool.name for tool in tools.tools} == TOOLS
     assert [str(r.uri) for r in resources.resources] == ["memory://ada/core"]
@@ -212,7 +222,7 @@ def test_a_key_revoked_while_a_session_is_open_ends_its_access(app, ada, member)
             after = await client.call_tool("prompt_memory", {})
             return before, after
 
-    before, after = anyio.run(run)
+    before, after = _run(run)
 
     assert not before.is_error
     assert after.is_error and "revoked" in after.content[0].text
@@ -270,7 +280,7 @@ def test_stdio_flask_mcp_serve_lists_recalls_and_saves(live_app, tmp_path):
             saved = await session.call_tool("save_memory", {"content": "Milo sails on Sundays."})
             return tools, found, saved
 
-    tools, found, saved = anyio.run(run)
+    tools, found, saved = _run(run)
 
     assert {tool.name for tool in tools.tools} == TOOLS
     assert "The lighthouse keeper is called Morwenna." in _found(found)
@@ -349,7 +359,7 @@ def test_http_lists_recalls_and_saves_through_the_web_relay_and_refuses_revoked_
             core = await session.read_resource("memory://ada/core")
             return tools, found, saved, core
 
-    tools, found, saved, core = anyio.run(run)
+    tools, found, saved, core = _run(run)
 
     assert {tool.name for tool in tools.tools} == TOOLS
     assert "The lighthouse keeper is called Morwenna." in _found(found)
