@@ -107,9 +107,7 @@ def ada(admin, member):
     row = db.session.scalar(sa.select(AuditLog).where(AuditLog.auditable_id == faded.id))
     row.data = {**row.data, "chat_id": roses.id, "first_message_id": asked.id, "last_message_id": reply.id}
     tulips = create("Basil prefers tulips", via="save_memory", chat_id=team.id, audience="chat")
-    surprise = create(
-        "Milo plans a surprise for Dana", via="consolidation", chat_id=secrets.id, audience="chat"
-    )
+    create("Milo plans a surprise for Dana", via="consolidation", chat_id=secrets.id, audience="chat")
     gone = create("Dana dislikes lilies", via="save_memory", chat_id=roses.id, audience="chat")
     before = gone.snapshot()
     gone.soft_delete()
