@@ -59,7 +59,12 @@ class AgentMemory(db.Model):
         sa.CheckConstraint("audience = 'everyone' OR chat_id IS NOT NULL", name="audience_chat"),
         # A search's scope (an agent's active memories that may be heard) read from the index alone.
         sa.Index(
-            "ix_agent_memories_search_scope", "agent_id", "deleted_at", "constitutional", "audience", "chat_id"
+            "ix_agent_memories_search_scope",
+            "agent_id",
+            "deleted_at",
+            "constitutional",
+            "audience",
+            "chat_id",
         ),
     )
 
