@@ -217,7 +217,7 @@ def test_sharing_makes_a_chat_readable_by_the_account_and_private_again_hides_it
     assert db.session.get(Chat, a_private.id).visibility == "private"
 
 
-def test_only_its_people_flip_a_chat_and_a_chat_from_before_people_joins_whoever_does(
+def test_only_its_people_flip_a_chat_and_only_an_admin_one_from_before_people_and_joins_it(
     client, auth, acme, member, sam, ada, a_private
 ):
     auth.login(sam)
@@ -229,12 +229,23 @@ def test_only_its_people_flip_a_chat_and_a_chat_from_before_people_joins_whoever
     assert db.session.get(Chat, a_private.id).visibility == "shared"
     assert "Who can read this chat" not in client.get(f"/chats/{a_private.id}").text
 
-    older = factories.chat(acme, [ada], "From before")  # shared, with no people: anyone may govern it
+    # Shared, with no people: everyone reads it, so a member may not hide it from the others; an admin may, and
+    # becomes its person.
+    older = factories.chat(acme, [ada], "From before")
+    assert client.post(f"/chats/{older.id}/visibility", data={"visibility": "private"}).status_code == 403
+    assert client.post(f"/chats/{older.id}/people", data={"user_id": member.id}).status_code == 403
+    db.session.expire_all()
+    assert (
+        db.session.get(Chat, older.id).visibility == "shared"
+        and not db.session.get(Chat, older.id).chat_people
+    )
+    admin = factories.user(acme, "ada-admin@example.com", "admin")
+    auth.login(admin)
     client.post(f"/chats/{older.id}/visibility", data={"visibility": "private"})
 
     db.session.expire_all()
     assert db.session.get(Chat, older.id).visibility == "private"
-    assert [p.user_id for p in db.session.get(Chat, older.id).chat_people] == [sam.id]
+    assert [p.user_id for p in db.session.get(Chat, older.id).chat_people] == [admin.id]
     assert client.get(f"/chats/{older.id}").status_code == 200
 
 

@@ -615,7 +615,7 @@ def _people_panel(chat: Chat) -> dict:
         .where(ChatPerson.chat_id == chat.id)
         .order_by(ChatPerson.created_at, ChatPerson.user_id)
     ).all()
-    governs = not people or current_user.id in {p.id for p in people}
+    governs = current_user.is_admin if not people else current_user.id in {p.id for p in people}
     addable = (
         [p for p in current_user.account.people_names() if p.id not in {q.id for q in people}]
         if governs
@@ -626,10 +626,13 @@ def _people_panel(chat: Chat) -> dict:
 
 def _governed(chat: Chat, *, join: bool = True) -> list[int]:
     """The ids of the chat's people, if the signed-in person is one of them (else a 403): they may share the chat,
-    make it private and add or take out people. A chat from before chats had people has none; whoever governs
-    it first becomes its person (with `join`), so making it private never hides it from them too."""
+    make it private and add or take out people. A chat from before chats had people has none, and everyone of
+    the account reads it: only an admin governs it (a member could otherwise hide it from all the others), and
+    becomes its person (with `join`), so making it private never hides it from them too."""
     people = access.people_of(chat)
     if not people and join:
+        if not current_user.is_admin:
+            abort(403)
         db.session.add(ChatPerson(chat_id=chat.id, user_id=current_user.id, added_by_id=current_user.id))
         return [current_user.id]
     if current_user.id not in people:
