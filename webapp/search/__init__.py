@@ -158,9 +158,8 @@ def excerpts(found_ids: list[int]) -> list[Excerpt]:
     turns = {m.id: m for m in db.session.scalars(_turns_around(len(found_ids)), params)}
     result: list[Excerpt] = []
     for message_id in found_ids:
-        if (
-            message_id not in turns
-        ):  # no longer readable (edited, failed): its vector goes with the next embed run
+        # Not in turns: no longer readable (edited, failed); its vector goes with the next embed run.
+        if message_id not in turns:
             continue
         stretch = _stretch(turns, turns[message_id])
         joined = next(
