@@ -27,8 +27,11 @@ def size(request, page: Page) -> str:
     return request.param
 
 
-def check_page(page: Page, size: str, name: str) -> None:
-    """axe-core: no serious or critical violation; no sideways scroll; a screenshot kept."""
+def check_page(
+    page: Page, size: str, name: str, *, prefix: str = "first-hour", full_page: bool = False
+) -> None:
+    """axe-core: no serious or critical violation; no sideways scroll; a screenshot kept (test-artifacts/
+    {prefix}-{size}-{name}.png)."""
     page.add_script_tag(path=str(AXE))
     violations = page.evaluate(
         """async () => (await axe.run(document, {resultTypes: ["violations"]})).violations
@@ -39,7 +42,7 @@ def check_page(page: Page, size: str, name: str) -> None:
     widths = page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
     assert widths[0] <= widths[1], f"{name} scrolls sideways at {size}: {widths}"
     ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / f"first-hour-{size}-{name}.png"))
+    page.screenshot(path=str(ARTIFACTS / f"{prefix}-{size}-{name}.png"), full_page=full_page)
 
 
 def tap(control: Locator) -> None:

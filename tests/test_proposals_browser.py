@@ -10,7 +10,7 @@ from playwright.sync_api import Page, expect
 
 from tests import factories
 from tests.conftest import ARTIFACTS
-from tests.test_first_hour_browser import AXE, size, tap  # noqa: F401  (size: the viewport fixture)
+from tests.test_first_hour_browser import check_page, size, tap  # noqa: F401  (size: the viewport fixture)
 from webapp.extensions import db
 from webapp.jobs.refinement import refine_agent
 from webapp.models import AgentMemory
@@ -21,18 +21,7 @@ pytestmark = pytest.mark.browser
 
 
 def look(page: Page, size: str, name: str) -> None:  # noqa: F811
-    """axe-core: no serious or critical violation; nothing scrolls sideways; a screenshot kept."""
-    page.add_script_tag(path=str(AXE))
-    violations = page.evaluate(
-        """async () => (await axe.run(document, {resultTypes: ["violations"]})).violations
-            .filter(v => ["serious", "critical"].includes(v.impact))
-            .map(v => `${v.id}: ${v.help} (${v.nodes.map(n => n.target.join(" ")).join(", ")})`)"""
-    )
-    assert violations == [], f"{name}: {violations}"
-    widths = page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
-    assert widths[0] <= widths[1], f"{name} scrolls sideways at {size}: {widths}"
-    ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / f"proposals-{size}-{name}.png"), full_page=True)
+    check_page(page, size, name, prefix="proposals", full_page=True)
 
 
 def _past(agent, texts_and_days: list[tuple[str, int]]) -> None:
