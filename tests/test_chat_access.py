@@ -495,3 +495,13 @@ def test_a_chat_is_never_found_with_owned_or_404(app):
 
     with pytest.raises(TypeError):
         owned_or_404(Chat, 1)
+
+
+def test_a_member_is_told_an_admin_governs_a_chat_from_before_people(client, auth, acme, member, ada):
+    older = factories.chat(acme, [ada], "From before")
+    auth.login(member)
+
+    page = client.get(f"/chats/{older.id}").text
+
+    assert "An admin can add people to it and make it private." in page
+    assert "Its people can add others" not in page
