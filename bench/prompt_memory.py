@@ -23,7 +23,7 @@ from statistics import median
 import numpy as np
 import sqlalchemy as sa
 
-from bench.common import bench_app, zipf_text, zipf_vocabulary
+from bench.common import bench_app, freeze_as_the_worker_does, zipf_text, zipf_vocabulary
 from tests import factories
 from tests.querycount import count_queries
 from webapp import search
@@ -153,6 +153,7 @@ def main() -> None:
             prompt = build.build_prompt(chat, agent)
             held = fact in prompt.messages[-1]["content"]
             print(f"  {chat.title!r}: {len(prompt.sources.memory_ids)} memories, the answer held: {held}")
+        freeze_as_the_worker_does()
         relevant, context_words = build._relevant_memories, build.QUERY_CONTEXT_WORDS
         with_relevance = _timed(chats, agent)
         build.QUERY_CONTEXT_WORDS = 0

@@ -19,7 +19,7 @@ from datetime import timedelta
 import numpy as np
 import sqlalchemy as sa
 
-from bench.common import bench_app, zipf_text, zipf_vocabulary
+from bench.common import bench_app, freeze_as_the_worker_does, zipf_text, zipf_vocabulary
 from tests import factories
 from tests.querycount import count_queries
 from webapp import search
@@ -134,6 +134,7 @@ def main() -> None:
         if dialect == "postgresql":
             db.session.execute(sa.text("ANALYZE"))
             db.session.commit()
+        freeze_as_the_worker_does()
         reply = factories.message(chat, "", author=agent, status="streaming")
         context = ToolContext(agent=agent, chat=chat, message=reply)
         embed_query = search.query_vector

@@ -429,8 +429,9 @@ def test_health_says_words_and_meaning_with_the_model_and_what_waits(app, client
 # --- term statistics ---
 
 
-def test_term_statistics_are_refreshed_hourly_by_a_recorded_job(app, ada):
+def test_term_statistics_are_refreshed_hourly_by_a_recorded_job(app, ada, chat):
     factories.memory(ada, "The greenhouse key is under the can.")
+    factories.message(chat, "Where is the greenhouse key?")
 
     assert refresh_term_stats() == {"database": db.engine.dialect.name}
 
@@ -443,3 +444,6 @@ def test_term_statistics_are_refreshed_hourly_by_a_recorded_job(app, ada):
             sa.text("SELECT term FROM search_term_stats WHERE table_name = 'agent_memories'")
         )
         assert {"greenhous", "key"} <= set(words)
+    else:  # the query planner's statistics: without them SQLite guesses how to read an agent's chats
+        analyzed = db.session.scalars(sa.text("SELECT DISTINCT tbl FROM sqlite_stat1"))
+        assert {"agent_memories", "chat_agents", "chats", "messages"} <= set(analyzed)

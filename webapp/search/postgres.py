@@ -21,6 +21,7 @@ import math
 
 import numpy as np
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import ARRAY
 
 from webapp.extensions import db
 from webapp.search.terms import Match
@@ -46,6 +47,11 @@ def lexical(model: type, words: list[str], match: Match, scope: tuple) -> sa.Sel
         tsquery = sa.func.to_tsquery("english", " | ".join(words))
         rank = -_bm25(model.__tablename__, search_vector, words)
     return sa.select(model.id, rank.label("rank")).where(search_vector.op("@@")(tsquery), *scope)
+
+
+def id_list(ids: list[int]) -> sa.Select:
+    """A query of these ids, bound as one parameter (an array): a statement may hold only so many."""
+    return sa.select(sa.func.unnest(sa.bindparam("ids", ids, type_=ARRAY(sa.Integer), unique=True)))
 
 
 def _bm25(table: str, search_vector: sa.ColumnElement, words: list[str]) -> sa.ColumnElement[float]:
@@ -168,7 +174,12 @@ def delete_vectors(kind: str, ids: list[int]) -> None:
 
 
 def nearest(
-    kind: str, model: str, vector: np.ndarray, owners: sa.Select, admitted: sa.Select | None, k: int
+    kind: str,
+    model: str,
+    vector: np.ndarray,
+    owners: sa.Select,
+    admitted: sa.Select | None,
+    k: int,
 ) -> list[tuple[int, float]]:
     """(id, cosine distance) of the k nearest vectors of this model among the owners' whose rows `admitted` (a
     query of ids) holds, nearest first. The nearest RESCORED * k by the Hamming distance of their sign bits
