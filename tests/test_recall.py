@@ -8,11 +8,12 @@ import pytest
 import sqlalchemy as sa
 
 from tests import factories
+from webapp import search
 from webapp.extensions import db
 from webapp.jobs.replies import request_replies, respond
 from webapp.models import Agent, AgentMemory, LlmCall, Message, ReplySources
 from webapp.search import indexing
-from webapp.search.terms import terms
+from webapp.search.terms import COMMON_ROWS, informative, terms
 from webapp.timeutil import utcnow
 from webapp.tools import ToolContext
 from webapp.tools.recall import recall
@@ -171,6 +172,45 @@ def test_both_databases_leave_out_the_same_common_words(app, client, signed_in, 
 
     assert "I remind myself daily." in page  # PostgreSQL drops "myself" from a query: the typed text decides
     assert terms("Don't blame yourself, itself or against it") == ["blame"]
+
+
+def test_the_words_searched_by_are_all_but_those_both_common_and_frequent():
+    held = {"weather": 5_000, "greenhouse": 3, "key": 2_000}
+    assert informative(["weather", "greenhouse", "key"], 20_000, held) == [
+        "greenhouse",
+        "key",
+    ]  # 25%, 0.01%, 10%
+    assert informative(["weather", "key"], 6_000, held) == ["key"]  # the rarest, when all are common
+    assert informative(["weather", "key"], 6_000, {"weather": 900, "key": 800}) == [
+        "weather",
+        "key",
+    ]  # few rows
+
+
+def test_a_word_most_rows_hold_is_left_out_of_the_search_as_it_ranks_nothing(app, chat, ada):
+    # Over COMMON_ROWS memories, nearly all about the weather: searching "weather" too would read each of them.
+    now = utcnow()
+    row = {
+        "agent_id": ada.id,
+        "memory_type": "core",
+        "constitutional": False,
+        "created_at": now,
+        "updated_at": now,
+    }
+    db.session.execute(
+        sa.insert(AgentMemory),
+        [{**row, "content": f"Weather note {i}: cloudy."} for i in range(COMMON_ROWS + 1)],
+    )
+    key = factories.memory(ada, "The greenhouse keys hang by the door, whatever the weather.")
+    search.backend().refresh_term_stats()
+    db.session.commit()
+
+    hits = _recall(ada, chat, "weather greenhouses")["results"]
+
+    assert [h.get("memory_id") for h in hits if "memory_id" in h] == [key.id]  # "greenhouses" finds its stem
+    assert _recall(ada, chat, "weather")["results"][0]["content"].startswith(
+        "Weather note"
+    )  # if all are common
 
 
 def test_new_agents_may_recall_by_default(app, signed_in, client, admin):

@@ -24,7 +24,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import ARRAY
 
 from webapp.extensions import db
-from webapp.search.terms import Match
+from webapp.search.terms import Match, informative
 
 RESCORED = 4  # candidates by sign bits per result, ranked again by their exact distance
 K1 = 1.2
@@ -39,32 +39,37 @@ VECTOR_TABLES = {
 def lexical(model: type, words: list[str], match: Match, scope: tuple) -> sa.Select:
     """(id, rank) of the matching rows within the scope (lower rank is better). On the table itself, so
     PostgreSQL can combine the GIN index with the scope's own indexes."""
-    search_vector = sa.literal_column(f"{model.__tablename__}.search_vector")
+    table = model.__tablename__
+    search_vector = sa.literal_column(f"{table}.search_vector")
     if match is Match.ALL_PREFIXES:
         tsquery = sa.func.to_tsquery("english", " & ".join(f"{w}:*" for w in words))
         rank = -sa.func.ts_rank_cd(search_vector, tsquery)
     else:
+        rows, mean_length, documents = _statistics(table, words)
+        words = informative(words, rows, documents)
         tsquery = sa.func.to_tsquery("english", " | ".join(words))
-        rank = -_bm25(model.__tablename__, search_vector, words)
+        rank = -_bm25(search_vector, rows, mean_length, {w: documents.get(w, 0) for w in words})
     return sa.select(model.id, rank.label("rank")).where(search_vector.op("@@")(tsquery), *scope)
+
+
+def _bm25(
+    search_vector: sa.ColumnElement, rows: int, mean_length: float, documents: dict[str, int]
+) -> sa.ColumnElement[float]:
+    """Okapi BM25 of a row for these words, from the kept statistics: the table's rows and their mean length,
+    and how many rows hold each word."""
+    unit = sa.literal_column("'{1,1,1,1}'::float4[]")
+    length_norm = K1 * (1 - B) + K1 * B * sa.func.length(search_vector) / mean_length
+    score = sa.literal(0.0)
+    for word, held in documents.items():
+        idf = math.log(1 + (rows - held + 0.5) / (held + 0.5))
+        tf = sa.func.ts_rank_cd(unit, search_vector, sa.func.to_tsquery("english", word), 0)
+        score = score + idf * tf * (K1 + 1) / (tf + length_norm)
+    return score
 
 
 def id_list(ids: list[int]) -> sa.Select:
     """A query of these ids, bound as one parameter (an array): a statement may hold only so many."""
     return sa.select(sa.func.unnest(sa.bindparam("ids", ids, type_=ARRAY(sa.Integer), unique=True)))
-
-
-def _bm25(table: str, search_vector: sa.ColumnElement, words: list[str]) -> sa.ColumnElement[float]:
-    """Okapi BM25 of a row for these words, from the kept statistics (one small query)."""
-    rows, mean_length, frequencies = _statistics(table, words)
-    unit = sa.literal_column("'{1,1,1,1}'::float4[]")
-    length_norm = K1 * (1 - B) + K1 * B * sa.func.length(search_vector) / mean_length
-    score = sa.literal(0.0)
-    for word, documents in frequencies.items():
-        idf = math.log(1 + (rows - documents + 0.5) / (documents + 0.5))
-        tf = sa.func.ts_rank_cd(unit, search_vector, sa.func.to_tsquery("english", word), 0)
-        score = score + idf * tf * (K1 + 1) / (tf + length_norm)
-    return score
 
 
 def _statistics(table: str, words: list[str]) -> tuple[int, float, dict[str, int]]:

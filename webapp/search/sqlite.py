@@ -16,10 +16,11 @@ plain scan of the float vectors. They need the sqlite-vec extension loaded on ea
 import json
 
 import numpy as np
+import snowballstemmer
 import sqlalchemy as sa
 
 from webapp.extensions import db
-from webapp.search.terms import Match
+from webapp.search.terms import Match, informative
 
 VECTOR_TABLES = {
     "memory": ("memory_vectors", "memory_id", "agent_id"),
@@ -31,6 +32,7 @@ RESCORED = 4  # candidates by sign bits per result, ranked again by their exact 
 def lexical(model: type, words: list[str], match: Match, scope: tuple) -> sa.Select:
     """(id, rank) of the matching rows within the scope (lower rank is better)."""
     if match is Match.ANY_WORD:
+        words = informative(words, *_documents(model.__tablename__, words))
         query = " OR ".join(f'"{w}"' for w in words)
     else:
         query = " ".join(f'"{w}"*' for w in words)
@@ -42,6 +44,19 @@ def lexical(model: type, words: list[str], match: Match, scope: tuple) -> sa.Sel
         fts.c.rowid.label("id"), sa.func.bm25(sa.literal_column(fts.name)).label("rank")
     ).where(sa.literal_column(fts.name).op("MATCH")(query), in_scope)
     return statement
+
+
+def _documents(table: str, words: list[str]) -> tuple[int, dict[str, int]]:
+    """About how many rows the table has (its highest id), and how many hold each word: from the vocabulary of
+    its full-text index (migration b7d9f1a3c5e7), which holds each word as its Porter stem."""
+    stemmer = snowballstemmer.stemmer("porter")  # one per call: a stemmer is not safe to share across threads
+    stems = {word: stemmer.stemWord(word) for word in words}
+    vocabulary = sa.table(f"{table}_fts_vocab", sa.column("term"), sa.column("doc"))
+    held = dict(
+        db.session.execute(sa.select(vocabulary).where(vocabulary.c.term.in_(set(stems.values())))).all()
+    )
+    rows = db.session.scalar(sa.select(sa.func.max(sa.column("id"))).select_from(sa.table(table))) or 0
+    return rows, {word: held.get(stem, 0) for word, stem in stems.items()}
 
 
 def id_list(ids: list[int]) -> sa.Select:
