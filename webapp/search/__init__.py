@@ -88,7 +88,7 @@ def memories(
     dense = []
     if vector is not None:
         admitted = sa.select(AgentMemory.id).where(*scope)
-        dense = _dense("memory", vector, sa.select(sa.literal(agent_id)), admitted)
+        dense = _dense("memory", vector, [agent_id], admitted)
     ids = fuse(lexical, dense, k)
     found = {m.id: m for m in db.session.scalars(sa.select(AgentMemory).where(AgentMemory.id.in_(ids)))}
     return [found[i] for i in ids if i in found]
@@ -101,11 +101,10 @@ def messages(chats: sa.Select, text: str, k: int, *, vector: np.ndarray | None =
     chat_ids = db.session.scalars(chats).all()
     if not chat_ids:
         return []
-    in_chats = backend().id_list(chat_ids)
-    lexical = _lexical(Message, text, (Message.chat_id.in_(in_chats), *READABLE))
+    lexical = _lexical(Message, text, (backend().among(Message.chat_id, chat_ids), *READABLE))
     dense = []
     if vector is not None:
-        dense = _dense("message", vector, in_chats, admitted=None)
+        dense = _dense("message", vector, chat_ids, admitted=None)
     return excerpts(fuse(lexical, dense, k))
 
 
@@ -121,10 +120,10 @@ def _lexical(model: type, text: str, scope: tuple) -> list[tuple[int, float]]:
 
 
 def _dense(
-    kind: str, vector: np.ndarray, owners: sa.Select, admitted: sa.Select | None
+    kind: str, vector: np.ndarray, owners: list[int], admitted: sa.Select | None
 ) -> list[tuple[int, float]]:
-    """(id, cosine similarity) of the rows nearest to the vector among the owners' (and, if given, among the
-    `admitted` ids: part of the vector query), nearest first."""
+    """(id, cosine similarity) of the rows nearest to the vector among the owners' (ids of agents or chats;
+    and, if given, among the `admitted` ids: part of the vector query), nearest first."""
     nearest = backend().nearest(kind, embedder.model_name(), vector, owners, admitted, CANDIDATES)
     return [(i, 1.0 - distance) for i, distance in nearest]
 

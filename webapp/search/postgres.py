@@ -67,9 +67,11 @@ def _bm25(
     return score
 
 
-def id_list(ids: list[int]) -> sa.Select:
-    """A query of these ids, bound as one parameter (an array): a statement may hold only so many."""
-    return sa.select(sa.func.unnest(sa.bindparam("ids", ids, type_=ARRAY(sa.Integer), unique=True)))
+def among(column: sa.ColumnElement[int], ids: list[int]) -> sa.ColumnElement[bool]:
+    """column = ANY(ids), the ids bound as one array: a statement may hold only so many parameters, and
+    PostgreSQL plans `= ANY` knowing how many there are (`IN (SELECT unnest(...))` ran a search of the words'
+    index once per chat: 200 times, 330 ms; bench.recall)."""
+    return column == sa.any_(sa.bindparam("ids", ids, type_=ARRAY(sa.Integer), unique=True))
 
 
 def _statistics(table: str, words: list[str]) -> tuple[int, float, dict[str, int]]:
@@ -182,7 +184,7 @@ def nearest(
     kind: str,
     model: str,
     vector: np.ndarray,
-    owners: sa.Select,
+    owners: list[int],
     admitted: sa.Select | None,
     k: int,
 ) -> list[tuple[int, float]]:
@@ -193,7 +195,7 @@ def nearest(
     table = sa.table(name, sa.column(key), sa.column(owner), sa.column("model"), sa.column("bits"))
     query = sa.text("CAST(:query_vector AS vector)")
     by_bits = table.c.bits.op("<~>")(sa.func.binary_quantize(query))
-    candidates = sa.select(table.c[key]).where(table.c[owner].in_(owners), table.c.model == model)
+    candidates = sa.select(table.c[key]).where(among(table.c[owner], owners), table.c.model == model)
     if admitted is not None:
         candidates = candidates.where(table.c[key].in_(admitted))
     candidates = candidates.order_by(by_bits).limit(RESCORED * k)

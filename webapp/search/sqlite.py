@@ -59,10 +59,10 @@ def _documents(table: str, words: list[str]) -> tuple[int, dict[str, int]]:
     return rows, {word: held.get(stem, 0) for word, stem in stems.items()}
 
 
-def id_list(ids: list[int]) -> sa.Select:
-    """A query of these ids, bound as one parameter (a JSON array): a statement may hold only so many."""
+def among(column: sa.ColumnElement[int], ids: list[int]) -> sa.ColumnElement[bool]:
+    """column IN the ids, bound as one parameter (a JSON array): a statement may hold only so many."""
     each = sa.func.json_each(sa.bindparam("ids", json.dumps(ids), unique=True)).table_valued("value")
-    return sa.select(each.c.value)
+    return column.in_(sa.select(each.c.value))
 
 
 def rebuild_lexical(tables: tuple[str, ...]) -> None:
@@ -141,7 +141,7 @@ def nearest(
     kind: str,
     model: str,
     vector: np.ndarray,
-    owners: sa.Select,
+    owners: list[int],
     admitted: sa.Select | None,
     k: int,
 ) -> list[tuple[int, float]]:
@@ -156,7 +156,7 @@ def nearest(
     by_bits = sa.func.vec_distance_hamming(
         sa.func.vec_bit(table.c.bits), sa.func.vec_quantize_binary(_blob(vector))
     )
-    candidates = sa.select(table.c[key]).where(table.c[owner].in_(owners), table.c.model == model)
+    candidates = sa.select(table.c[key]).where(among(table.c[owner], owners), table.c.model == model)
     if admitted is not None:
         # "+key": the owners' range of the index is read, and each row in it checked against the admitted ids;
         # a plain `key IN` makes SQLite look each admitted id up instead (many more reads).
