@@ -204,9 +204,10 @@ def main() -> None:
 
 
 def _dense_only(chats, text: str, vector) -> list:
-    if vector is None:
+    if vector.result() is None:
         return []
-    nearest = search.backend().nearest("message", embedder.model_name(), vector, chats, None, 10)
+    chat_ids = db.session.scalars(chats).all()
+    nearest = search.backend().nearest("message", embedder.model_name(), vector.result(), chat_ids, None, 10)
     return search.excerpts([i for i, _ in nearest])
 
 

@@ -11,7 +11,7 @@ from tests import factories
 from webapp import search
 from webapp.extensions import db
 from webapp.jobs.replies import request_replies, respond
-from webapp.models import Agent, AgentMemory, LlmCall, Message, ReplySources
+from webapp.models import Agent, AgentMemory, JobRun, LlmCall, Message, ReplySources
 from webapp.search import indexing
 from webapp.search.terms import COMMON_ROWS, informative, terms
 from webapp.timeutil import utcnow
@@ -40,6 +40,7 @@ def test_a_fact_saved_30_days_ago_is_recalled_and_reaches_the_model(app, fake_ll
     old = factories.memory(
         ada, "The user's dog is named Biscuit.", "journal", created_at=utcnow() - timedelta(days=30)
     )
+    _index(old)
     [reply] = request_replies(chat, [ada])
     db.session.commit()
     fake_llm.reply(tool_calls=[("recall", {"query": "dog named"})])
@@ -60,6 +61,15 @@ def test_a_fact_saved_30_days_ago_is_recalled_and_reaches_the_model(app, fake_ll
     }  # fmt: skip
     sources = db.session.get(ReplySources, reply.id)
     assert sources.recalled_memory_ids == [old.id]
+    # The queries were embedded on a thread of their own, and their cost is the reply's: its run, its chat.
+    [run] = db.session.scalars(sa.select(JobRun).where(JobRun.job_type == "reply"))
+    embedded = db.session.scalars(
+        sa.select(LlmCall).where(LlmCall.purpose == "embedding", LlmCall.job_run_id.is_not(None))
+    ).all()
+    assert len(embedded) == 2  # the prompt's memory search, and recall's
+    assert {(c.job_run_id, c.chat_id, c.agent_id, c.status) for c in embedded} == {
+        (run.id, chat.id, ada.id, "ok")
+    }
 
 
 def test_recall_finds_messages_of_the_agents_conversations_with_their_opaque_id(app, admin, chat, ada):

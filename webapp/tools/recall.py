@@ -51,9 +51,10 @@ def search_results(
     search_memory call this.)"""
     limit = current_app.config["RECALL_MAX_RESULTS"]
     vector = search.query_vector(query, agent_id=agent.id, chat_id=chat_id)
+    # The messages first: their search by words is the longer, and the query is embedded meanwhile.
+    excerpts = [_excerpt_hit(e) for e in search.messages(chats, query, limit, vector=vector)]
     mine = (active_memories(agent.id).whereclause, heard)
     memories = [_memory_hit(m) for m in search.memories(agent.id, query, limit, *mine, vector=vector)]
-    excerpts = [_excerpt_hit(e) for e in search.messages(chats, query, limit, vector=vector)]
     return _within_budget(_alternate(memories, excerpts)[:limit])
 
 
