@@ -21,8 +21,9 @@ from webapp.factory import create_app
 
 
 @contextlib.contextmanager
-def bench_app(database_url: str | None = None) -> Iterator[Flask]:
-    """A fresh app and database (a temporary SQLite file unless BENCH_DATABASE_URL or database_url is given)."""
+def bench_app(database_url: str | None = None, *, reuse: bool = False) -> Iterator[Flask]:
+    """A fresh app and database (a temporary SQLite file unless BENCH_DATABASE_URL or database_url is given);
+    with reuse, the database given as it is (brought to the latest migration)."""
     with tempfile.TemporaryDirectory() as tmp:
         url = database_url or os.environ.get("BENCH_DATABASE_URL") or f"sqlite:///{tmp}/bench.db"
         app = create_app({"SQLALCHEMY_DATABASE_URI": url, "WTF_CSRF_ENABLED": False, "SECRET_KEY": "bench"})
@@ -30,7 +31,7 @@ def bench_app(database_url: str | None = None) -> Iterator[Flask]:
         app.extensions["redis"] = connection
         app.extensions["rq_queue"] = Queue(app.config["RQ_QUEUE"], connection=connection)
         with app.app_context():
-            if db.engine.dialect.name == "postgresql":  # start from an empty schema every time
+            if db.engine.dialect.name == "postgresql" and not reuse:  # start from an empty schema every time
                 with db.engine.begin() as conn:
                     conn.execute(sa.text("DROP SCHEMA public CASCADE; CREATE SCHEMA public"))
             upgrade()

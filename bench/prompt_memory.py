@@ -10,8 +10,9 @@ real. For each of a few questions asked in a chat of the agent, build_prompt run
 relevance search, with it searching the words of the message alone (no words of the turns around it), and
 without it (the memory chosen by recency only, as before issue 20). Prints the p50 and p95 ms of each, its CPU
 time, what relevance adds, the SQL statements per build, and whether the answer to the question was in the
-prompt. Target: relevance adds under 40 ms p50. BENCH_MEMORIES, BENCH_AGENT_MEMORIES,
-BENCH_MESSAGES, BENCH_REAL_VECTORS and BENCH_RUNS change the sizes.
+prompt. Target: relevance adds under 40 ms p50. BENCH_MEMORIES, BENCH_AGENT_MEMORIES, BENCH_MESSAGES,
+BENCH_REAL_VECTORS and BENCH_RUNS change the sizes. BENCH_REUSE=1, with BENCH_DATABASE_URL naming a database an
+earlier run loaded, measures it as it is (brought to the latest migration) without loading it again.
 """
 
 import os
@@ -28,7 +29,7 @@ from tests import factories
 from tests.querycount import count_queries
 from webapp import search
 from webapp.extensions import db
-from webapp.models import AgentMemory, Chat, ChatAgent, Message
+from webapp.models import Agent, AgentMemory, Chat, ChatAgent, Message
 from webapp.prompting import build
 from webapp.search import embedder
 from webapp.search.indexing import index_memories
@@ -39,6 +40,7 @@ AGENT_MEMORIES = int(os.environ.get("BENCH_AGENT_MEMORIES", 10_000))
 MESSAGES = int(os.environ.get("BENCH_MESSAGES", 1_000_000))
 REAL_VECTORS = int(os.environ.get("BENCH_REAL_VECTORS", 2_000))
 RUNS = int(os.environ.get("BENCH_RUNS", 50))
+REUSE = os.environ.get("BENCH_REUSE") == "1"
 OTHER_AGENTS, PER_CHAT, BATCH, DIMENSIONS = 9, 100, 20_000, 384
 FACTS = {
     "where did I leave the greenhouse key?": "The spare key to the greenhouse is taped under the blue "
@@ -94,6 +96,15 @@ def _load(rng: random.Random) -> tuple:
     return agent, asked
 
 
+def _loaded() -> tuple:
+    """The measured agent and its chats (one per question) of a database an earlier run loaded."""
+    agent = db.session.scalars(sa.select(Agent).order_by(Agent.id)).first()
+    asked = [db.session.scalars(sa.select(Chat).where(Chat.title == question)).first() for question in FACTS]
+    if agent is None or None in asked:
+        raise SystemExit("BENCH_REUSE=1: the database at BENCH_DATABASE_URL holds no data of this bench")
+    return agent, asked
+
+
 def _load_vectors(agent, rng: np.random.Generator) -> None:
     """A random unit vector for every memory, then the embedder's own for the first of the agent's."""
     backend = search.backend()
@@ -135,11 +146,14 @@ def _timed(chats: list, agent) -> tuple[float, float, float, int]:
 
 
 def main() -> None:
-    with bench_app() as app:
+    with bench_app(reuse=REUSE) as app:
         dialect = db.engine.dialect.name
         started = time.perf_counter()
-        agent, chats = _load(random.Random(20))
-        _load_vectors(agent, np.random.default_rng(20))
+        if REUSE:
+            agent, chats = _loaded()
+        else:
+            agent, chats = _load(random.Random(20))
+            _load_vectors(agent, np.random.default_rng(20))
         search.backend().refresh_term_stats()
         db.session.commit()
         if dialect == "postgresql":
