@@ -7,11 +7,13 @@ from datetime import timedelta
 import pytest
 import sqlalchemy as sa
 
-from tests import factories
+from tests import conftest, factories
 from tests.querycount import count_queries
+from webapp import config
 from webapp.extensions import db
+from webapp.factory import create_app
 from webapp.jobs.replies import request_replies, respond
-from webapp.models import AgentMemory, ReplySources
+from webapp.models import AgentMemory, LlmCall, ReplySources
 from webapp.models.memories import MemoryWithin
 from webapp.prompting.build import _memory_section, build_prompt
 from webapp.search.indexing import index_memories
@@ -52,6 +54,41 @@ def _bulk_memories(agent, count: int, *, days: int = 60) -> None:
         )  # fmt: skip
     db.session.execute(sa.insert(AgentMemory), rows)
     db.session.commit()
+
+
+def _one_connection_app(app):
+    """An app on the same database as the web process of `make run` has it on SQLite: one database connection,
+    which each request holds until it ends (webapp.config.engine_options, under gevent)."""
+    settings = {**app.config, "SQLALCHEMY_ENGINE_OPTIONS": None}
+    options = config.engine_options(settings)
+    settings["SQLALCHEMY_ENGINE_OPTIONS"] = {**options, "pool_size": 1, "max_overflow": 0, "pool_timeout": 3}
+    web = create_app(settings)
+    web.extensions["redis"] = app.extensions["redis"]
+    web.extensions["rq_queue"] = app.extensions["rq_queue"]
+    return web
+
+
+def test_with_one_database_connection_the_memory_page_embeds_its_query_and_costs_it_after(app, admin, ada):
+    key = factories.memory(ada, FACTS["where did I leave the greenhouse key?"], "core")
+    index_memories([key.id])  # vectors exist, so the page's search embeds its query
+    chat = factories.chat(admin.account, [ada])
+    factories.message(chat, "where did I leave the greenhouse key?", author=admin)
+    db.session.commit()
+    web = _one_connection_app(app)
+    client = web.test_client()
+    conftest.Auth(client).login(admin)
+
+    page = client.get(
+        f"/chats/{chat.id}/agents/{ada.id}/memory"
+    )  # the ledger row waited 30 s for a connection
+
+    assert page.status_code == 200 and key.content in page.text
+    embedded = db.session.scalars(
+        sa.select(LlmCall).where(LlmCall.purpose == "embedding", LlmCall.chat_id == chat.id)
+    )
+    assert [(c.agent_id, c.status) for c in embedded] == [(ada.id, "ok")]
+    with web.app_context():
+        db.engine.dispose()
 
 
 def _first_request_for(admin, agent, fake_llm, question: str) -> tuple[dict, ReplySources]:

@@ -113,6 +113,13 @@ def engine_options(settings: Mapping[str, Any]) -> dict:
     return options
 
 
+def one_connection(settings: dict) -> bool:
+    """The process has one database connection (SQLite under gevent, see engine_options), which each request
+    holds until it ends."""
+    options = settings["SQLALCHEMY_ENGINE_OPTIONS"]
+    return options.get("pool_size") == 1 and options.get("max_overflow") == 0
+
+
 def sqlite_module() -> ModuleType:
     """The SQLite driver: the standard library's when it may load extensions (sqlite-vec), else the
     pysqlite3-binary wheel's, which may (this machine's Python is built without it)."""

@@ -7,6 +7,7 @@ import json
 import socket
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +16,7 @@ import sqlalchemy as sa
 from flask import Flask, current_app
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
+from webapp import config
 from webapp.extensions import db
 from webapp.models import LlmCall
 from webapp.models.runs import current_job_run_id
@@ -77,6 +79,28 @@ def init_app(app: Flask) -> None:
         timeout=app.config["LLM_TIMEOUT_SECONDS"],
         max_retries=0,  # retries belong to the job queue, with backoff
     )
+    if config.one_connection(app.config):
+        app.before_request(_hold_ledger_rows)
+        app.teardown_request(_write_held_ledger_rows)
+
+
+# With one database connection in the process (SQLite under gevent: webapp.config.engine_options), a request holds
+# it until it ends, so a ledger row cannot be written on a connection of its own meanwhile (the chat's memory page
+# waited 30 s for one, to embed its query). The request's rows are held, and written once it let the connection go.
+_held_rows: ContextVar[list[dict[str, Any]] | None] = ContextVar("held_ledger_rows", default=None)
+
+
+def _hold_ledger_rows() -> None:
+    _held_rows.set([])
+
+
+def _write_held_ledger_rows(_error: BaseException | None) -> None:
+    rows = _held_rows.get()
+    _held_rows.set(None)
+    if rows:
+        db.session.remove()  # gives the connection back
+        with db.engine.begin() as conn:
+            conn.execute(sa.insert(LlmCall), rows)
 
 
 def complete(
@@ -293,7 +317,8 @@ def _error_detail(error: openai.APIStatusError) -> str:
 
 
 def record_call(fields: dict[str, Any], started: float, **outcome: Any) -> None:
-    """Write the ledger row on its own connection, so it survives whatever the caller's session does."""
+    """Write the ledger row on its own connection, so it survives whatever the caller's session does (where a
+    request holds the process's one connection, once the request ends)."""
     row = {
         **fields,
         **outcome,
@@ -301,6 +326,9 @@ def record_call(fields: dict[str, Any], started: float, **outcome: Any) -> None:
         "latency_ms": int((time.monotonic() - started) * 1000),
         "created_at": utcnow(),
     }
+    if (held := _held_rows.get()) is not None:
+        held.append(row)
+        return
     with db.engine.begin() as conn:
         conn.execute(sa.insert(LlmCall), [row])
 
