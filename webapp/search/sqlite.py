@@ -32,7 +32,8 @@ RESCORED = 4  # candidates by sign bits per result, ranked again by their exact 
 def lexical(model: type, words: list[str], match: Match, scope: tuple) -> sa.Select:
     """(id, rank) of the matching rows within the scope (lower rank is better)."""
     if match is Match.ANY_WORD:
-        words = informative(words, *_documents(model.__tablename__, words))
+        if len(words) > 1:  # one word is searched by, however common
+            words = informative(words, *_documents(model.__tablename__, words))
         query = " OR ".join(f'"{w}"' for w in words)
     else:
         query = " ".join(f'"{w}"*' for w in words)
