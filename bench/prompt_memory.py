@@ -159,9 +159,12 @@ def main() -> None:
         if dialect == "postgresql":
             db.session.execute(sa.text("ANALYZE"))
             db.session.commit()
+        memories = db.session.scalar(sa.select(sa.func.count()).select_from(AgentMemory))
+        mine = db.session.scalar(sa.select(sa.func.count()).where(AgentMemory.agent_id == agent.id))
+        messages = db.session.scalar(sa.select(sa.func.count()).select_from(Message))
         print(
-            f"{dialect}: {MEMORIES:,} memories ({AGENT_MEMORIES:,} the agent's, {min(REAL_VECTORS, AGENT_MEMORIES):,} "
-            f"embedded for real), {MESSAGES:,} messages, loaded in {time.perf_counter() - started:.0f} s"
+            f"{dialect}: {memories:,} memories ({mine:,} the agent's), {messages:,} messages, "
+            f"{'reused' if REUSE else 'loaded'} in {time.perf_counter() - started:.0f} s"
         )
         for chat, fact in zip(chats, FACTS.values(), strict=True):
             prompt = build.build_prompt(chat, agent)
