@@ -27,6 +27,8 @@ VECTOR_TABLES = {
     "message": ("message_vectors", "message_id", "chat_id"),
 }
 RESCORED = 4  # candidates by sign bits per result, ranked again by their exact distance
+# Index entries ANALYZE reads of each index (refresh_term_stats): an estimate, in under a second at 1M rows.
+ANALYSIS_LIMIT = 1000
 
 
 def lexical(model: type, words: list[str], match: Match, scope: tuple) -> sa.Select:
@@ -69,11 +71,6 @@ def among(column: sa.ColumnElement[int], ids: list[int]) -> sa.ColumnElement[boo
 def rebuild_lexical(tables: tuple[str, ...]) -> None:
     for table in tables:
         db.session.execute(sa.text(f"INSERT INTO {table}_fts({table}_fts) VALUES ('rebuild')"))
-
-
-ANALYSIS_LIMIT = (
-    1000  # index entries ANALYZE reads of each index: an estimate, in well under a second at 1M rows
-)
 
 
 def refresh_term_stats() -> None:
