@@ -1,7 +1,9 @@
 """Search on SQLite: FTS5 for words, sqlite-vec for vectors.
 
 Words: the FTS5 tables `agent_memories_fts` and `messages_fts` (external content, kept in step by triggers; made
-by the migration 680a29028759), ranked by FTS5's own bm25() (Porter stemming, so "roses" finds "rose").
+by the migration 680a29028759), ranked by FTS5's own bm25() (Porter stemming, so "roses" finds "rose"). How many
+rows hold each word is read from their fts5vocab tables (`*_fts_vocab`), to leave the very common words out
+(webapp.search.terms.informative).
 
 Vectors: the tables `memory_vectors` and `message_vectors`, made here at first use: each row holds the vector
 (float32), its sign bits (sqlite-vec's vec_quantize_binary) and the model that wrote it, under a covering index
