@@ -23,7 +23,6 @@ the sweep of another worker picks up the jobs it cut.
 """
 
 import argparse
-import gc
 import logging
 import multiprocessing
 import signal
@@ -48,6 +47,7 @@ from webapp import config, jobs, prompting, tokens
 from webapp.extensions import db
 from webapp.factory import create_app
 from webapp.jobs.queue import redis_connection, sweep_forever, wait_for_redis, worker_queues
+from webapp.runtime import set_loaded_aside
 from webapp.web.health import WORKER_TTL_SECONDS
 
 log = logging.getLogger("rq.worker")  # printed by the handler RQ sets up
@@ -222,9 +222,7 @@ def main(argv: list[str]) -> None:
         raise SystemExit(f"Cairn cannot start: {error}") from None
     AppWorker.app, AppWorker.stop = app, threading.Event()
     preload(app)  # the job modules among it: the sweep queues any job type again from its job_runs row
-    # What is loaded lives as long as the process: set aside from garbage collection, as each full collection
-    # walked its 200,000 objects (130 ms, at a random moment of some reply: bench.recall's p95).
-    gc.freeze()
+    set_loaded_aside()
     install_stop_handlers(AppWorker.stop)
     threading.Thread(target=sweep_forever, args=(app, AppWorker.stop), name="sweep", daemon=True).start()
     with app.app_context():

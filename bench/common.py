@@ -2,7 +2,6 @@
 with the word frequencies of a real language."""
 
 import contextlib
-import gc
 import os
 import random
 import tempfile
@@ -85,10 +84,3 @@ def zipf_vocabulary(rng: random.Random) -> tuple[list[str], list[float]]:
 def zipf_text(rng: random.Random, words: list[str], cumulative: list[float]) -> str:
     """A sentence of 8 to 20 words drawn from a zipf_vocabulary."""
     return " ".join(rng.choices(words, cum_weights=cumulative, k=rng.randint(8, 20))).capitalize() + "."
-
-
-def freeze_as_the_worker_does() -> None:
-    """Set what is loaded so far aside from garbage collection, as worker.py does once started: a full
-    collection walking the loaded modules is then no part of what a bench times."""
-    gc.collect()
-    gc.freeze()

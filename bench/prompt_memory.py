@@ -24,13 +24,14 @@ from statistics import median
 import numpy as np
 import sqlalchemy as sa
 
-from bench.common import bench_app, freeze_as_the_worker_does, zipf_text, zipf_vocabulary
+from bench.common import bench_app, zipf_text, zipf_vocabulary
 from tests import factories
 from tests.querycount import count_queries
 from webapp import search
 from webapp.extensions import db
 from webapp.models import Agent, AgentMemory, Chat, ChatAgent, Message
 from webapp.prompting import build
+from webapp.runtime import set_loaded_aside
 from webapp.search import embedder
 from webapp.search.indexing import index_memories
 from webapp.timeutil import utcnow
@@ -170,7 +171,7 @@ def main() -> None:
             prompt = build.build_prompt(chat, agent)
             held = fact in prompt.messages[-1]["content"]
             print(f"  {chat.title!r}: {len(prompt.sources.memory_ids)} memories, the answer held: {held}")
-        freeze_as_the_worker_does()
+        set_loaded_aside()  # as the worker does: no full collection of the loaded modules is timed
         relevant, context_words = build._relevant_memories, build.QUERY_CONTEXT_WORDS
         with_relevance = _timed(chats, agent)
         build.QUERY_CONTEXT_WORDS = 0

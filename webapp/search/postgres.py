@@ -198,12 +198,7 @@ def delete_vectors(kind: str, ids: list[int]) -> None:
 
 
 def nearest(
-    kind: str,
-    model: str,
-    vector: np.ndarray,
-    owners: list[int],
-    admitted: sa.Select | None,
-    k: int,
+    kind: str, model: str, vector: np.ndarray, owners: list[int], admitted: sa.Select | None, k: int
 ) -> list[tuple[int, float]]:
     """(id, cosine distance) of the k nearest vectors of this model among the owners' whose rows `admitted` (a
     query of ids) holds, nearest first. The nearest RESCORED * k by the Hamming distance of their sign bits

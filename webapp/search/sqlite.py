@@ -138,12 +138,7 @@ def delete_vectors(kind: str, ids: list[int]) -> None:
 
 
 def nearest(
-    kind: str,
-    model: str,
-    vector: np.ndarray,
-    owners: list[int],
-    admitted: sa.Select | None,
-    k: int,
+    kind: str, model: str, vector: np.ndarray, owners: list[int], admitted: sa.Select | None, k: int
 ) -> list[tuple[int, float]]:
     """(id, cosine distance) of the k nearest vectors of this model among the owners' (an agent's memories, or
     the messages of some chats) whose ids `admitted` (a query of ids; None: all) holds, nearest first. The nearest
