@@ -207,7 +207,7 @@ def _dense_only(chats, text: str, vector) -> list:
     if vector.result() is None:
         return []
     chat_ids = db.session.scalars(chats).all()
-    nearest = search.backend().nearest("message", embedder.model_name(), vector.result(), chat_ids, None, 10)
+    nearest = search.nearest("message", vector.result(), chat_ids, None, 10)
     return search.excerpts([i for i, _ in nearest])
 
 

@@ -186,10 +186,10 @@ def test_both_databases_leave_out_the_same_common_words(app, client, signed_in, 
 
 def test_the_words_searched_by_are_all_but_those_both_common_and_frequent():
     held = {"weather": 5_000, "greenhouse": 3, "key": 2_000}
-    assert informative(["weather", "greenhouse", "key"], 20_000, held) == [
+    assert informative(["weather", "greenhouse", "key"], 40_000, held) == [
         "greenhouse",
         "key",
-    ]  # 25%, 0.01%, 10%
+    ]  # 12.5%, 0.01%, 5%
     assert informative(["weather", "key"], 6_000, held) == ["key"]  # the rarest, when all are common
     assert informative(["weather", "key"], 6_000, {"weather": 900, "key": 800}) == [
         "weather",
@@ -323,12 +323,16 @@ def test_with_the_embedder_down_recall_answers_by_words(app, chat, ada):
     assert failed.status == "error"
 
 
+@pytest.mark.parametrize("candidates", [search.CANDIDATES, 10])
 def test_the_scope_is_part_of_the_search_by_meaning_so_closer_rows_outside_it_never_crowd_it_out(
-    app, chat, ada
+    app, chat, ada, monkeypatch, candidates
 ):
     """60 closer memories that have left the scope (deleted after their vectors were written, before the embed job
-    removes those) still leave the top of the search to the one inside it."""
-    gone = [factories.memory(ada, "My grandmother passed away last spring.") for _ in range(60)]
+    removes those) still leave the top of the search to the one inside it: among the nearest by sign bits, or,
+    when those are more than the search takes (10 results: 40 by bits) and none of them is in the scope, by a
+    search of the scope itself."""
+    monkeypatch.setattr(search, "CANDIDATES", candidates)
+    gone = [factories.memory(ada, "A death in the family.") for _ in range(60)]  # the query itself
     kept = factories.memory(ada, "My grandfather died last winter.")
     _index(*gone, kept)
     for memory in gone:

@@ -301,8 +301,7 @@ def _relevant_memories(
     vector = search.query_vector(_cut(message, QUERY_EMBEDDED_CHARS), agent_id=agent.id, chat_id=chat.id)
     # (IS NOT TRUE: "= false" would lead SQLite to the constitutional flag's index, over every agent's rows)
     scope = (active_memories(agent.id).whereclause, AgentMemory.constitutional.is_not(True), heard)
-    found = search.memories(agent.id, f"{message}\n{around}", RELEVANT_MEMORIES, *scope, vector=vector)
-    return [m.id for m in found]
+    return search.memory_ids(agent.id, f"{message}\n{around}", RELEVANT_MEMORIES, *scope, vector=vector)
 
 
 def _memory_section(within: MemoryWithin, agent: Agent, budget: int) -> str:

@@ -26,7 +26,6 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from webapp.extensions import db
 from webapp.search.terms import Match, informative
 
-RESCORED = 4  # candidates by sign bits per result, ranked again by their exact distance
 K1 = 1.2
 B = 0.75
 TABLES = ("agent_memories", "messages")
@@ -197,25 +196,38 @@ def delete_vectors(kind: str, ids: list[int]) -> None:
         db.session.execute(sa.text(f"DELETE FROM {table} WHERE {key} = ANY(:ids)"), {"ids": list(ids)})
 
 
-def nearest(
-    kind: str, model: str, vector: np.ndarray, owners: list[int], admitted: sa.Select | None, k: int
-) -> list[tuple[int, float]]:
-    """(id, cosine distance) of the k nearest vectors of this model among the owners' whose rows `admitted` (a
-    query of ids) holds, nearest first. The nearest RESCORED * k by the Hamming distance of their sign bits
-    come from an index-only scan of the owners' range, then are ranked by their exact distance."""
+def by_bits(
+    kind: str, model: str, vector: np.ndarray, owners: list[int], admitted: sa.Select | None, n: int
+) -> list[int]:
+    """The ids of the n vectors of this model nearest to `vector` by the Hamming distance of their sign bits,
+    among the owners' (an agent's memories, or the messages of some chats) and, if given, those `admitted` (a
+    query of ids) holds: an index-only scan of the owners' range."""
     name, key, owner, _rows = VECTOR_TABLES[kind]
     table = sa.table(name, sa.column(key), sa.column(owner), sa.column("model"), sa.column("bits"))
-    query = sa.text("CAST(:query_vector AS vector)")
-    by_bits = table.c.bits.op("<~>")(sa.func.binary_quantize(query))
-    candidates = sa.select(table.c[key]).where(among(table.c[owner], owners), table.c.model == model)
+    by_bits = table.c.bits.op("<~>")(sa.func.binary_quantize(sa.text("CAST(:query_vector AS vector)")))
+    statement = sa.select(table.c[key]).where(among(table.c[owner], owners), table.c.model == model)
     if admitted is not None:
-        candidates = candidates.where(table.c[key].in_(admitted))
-    candidates = candidates.order_by(by_bits).limit(RESCORED * k)
-    distance = sa.literal_column(f"{name}.embedding").op("<=>")(query).label("distance")
-    statement = (
-        sa.select(table.c[key], distance).where(table.c[key].in_(candidates)).order_by(distance).limit(k)
+        statement = statement.where(table.c[key].in_(admitted))
+    return list(db.session.scalars(statement.order_by(by_bits).limit(n), {"query_vector": _literal(vector)}))
+
+
+def by_distance(
+    kind: str, vector: np.ndarray, ids: list[int], admitted: sa.Select | None, k: int
+) -> list[tuple[int, float]]:
+    """(id, cosine distance) of the k of these vectors nearest to `vector` whose ids `admitted` (a query of
+    ids) holds, if given; nearest first. The ids are looked up by their keys, in the vectors and in the admitted
+    rows: given the admitted query alone, PostgreSQL read all of an agent's memories to check 200 (6 ms)."""
+    name, key, _owner, _rows = VECTOR_TABLES[kind]
+    table = sa.table(name, sa.column(key))
+    distance = sa.literal_column(f"{name}.embedding").op("<=>")(sa.text("CAST(:query_vector AS vector)"))
+    statement = sa.select(table.c[key], distance.label("distance")).where(among(table.c[key], ids))
+    if admitted is not None:
+        statement = statement.where(
+            table.c[key].in_(admitted.where(among(admitted.selected_columns[0], ids)))
+        )
+    rows = db.session.execute(
+        statement.order_by(sa.literal_column("distance")).limit(k), {"query_vector": _literal(vector)}
     )
-    rows = db.session.execute(statement, {"query_vector": _literal(vector)})
     return [(row[0], row[1]) for row in rows]
 
 

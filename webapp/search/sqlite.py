@@ -28,7 +28,6 @@ VECTOR_TABLES = {
     "memory": ("memory_vectors", "memory_id", "agent_id"),
     "message": ("message_vectors", "message_id", "chat_id"),
 }
-RESCORED = 4  # candidates by sign bits per result, ranked again by their exact distance
 # Index entries ANALYZE reads of each index (refresh_term_stats): an estimate, in under a second at 1M rows.
 ANALYSIS_LIMIT = 1000
 
@@ -137,31 +136,39 @@ def delete_vectors(kind: str, ids: list[int]) -> None:
         )
 
 
-def nearest(
-    kind: str, model: str, vector: np.ndarray, owners: list[int], admitted: sa.Select | None, k: int
-) -> list[tuple[int, float]]:
-    """(id, cosine distance) of the k nearest vectors of this model among the owners' (an agent's memories, or
-    the messages of some chats) whose ids `admitted` (a query of ids; None: all) holds, nearest first. The nearest
-    RESCORED * k by the Hamming distance of their sign bits are read from the owners' range of a covering
-    index, then ranked by their exact distance."""
+def by_bits(
+    kind: str, model: str, vector: np.ndarray, owners: list[int], admitted: sa.Select | None, n: int
+) -> list[int]:
+    """The ids of the n vectors of this model nearest to `vector` by the Hamming distance of their sign bits,
+    among the owners' (an agent's memories, or the messages of some chats) and, if given, those `admitted` (a
+    query of ids) holds: read from the owners' range of a covering index."""
     name, key, owner = VECTOR_TABLES[kind]
-    table = sa.table(
-        name, sa.column(key), sa.column(owner), sa.column("model"), sa.column("bits"), sa.column("embedding")
-    )
+    table = sa.table(name, sa.column(key), sa.column(owner), sa.column("model"), sa.column("bits"))
     by_bits = sa.func.vec_distance_hamming(
         sa.func.vec_bit(table.c.bits), sa.func.vec_quantize_binary(_blob(vector))
     )
-    candidates = sa.select(table.c[key]).where(among(table.c[owner], owners), table.c.model == model)
+    statement = sa.select(table.c[key]).where(among(table.c[owner], owners), table.c.model == model)
     if admitted is not None:
         # "+key": the owners' range of the index is read, and each row in it checked against the admitted ids;
         # a plain `key IN` makes SQLite look each admitted id up instead (many more reads).
-        candidates = candidates.where(sa.literal_column(f"+{name}.{key}").in_(admitted))
-    candidates = candidates.order_by(by_bits).limit(RESCORED * k)
+        statement = statement.where(sa.literal_column(f"+{name}.{key}").in_(admitted))
+    return list(db.session.scalars(statement.order_by(by_bits).limit(n)))
+
+
+def by_distance(
+    kind: str, vector: np.ndarray, ids: list[int], admitted: sa.Select | None, k: int
+) -> list[tuple[int, float]]:
+    """(id, cosine distance) of the k of these vectors nearest to `vector` whose ids `admitted` (a query of
+    ids) holds, if given; nearest first. The ids are looked up, in the vectors and in the admitted rows."""
+    name, key, _owner = VECTOR_TABLES[kind]
+    table = sa.table(name, sa.column(key), sa.column("embedding"))
     distance = sa.func.vec_distance_cosine(table.c.embedding, _blob(vector)).label("distance")
-    statement = (
-        sa.select(table.c[key], distance).where(table.c[key].in_(candidates)).order_by(distance).limit(k)
-    )
-    return [(row[0], row[1]) for row in db.session.execute(statement)]
+    statement = sa.select(table.c[key], distance).where(among(table.c[key], ids))
+    if admitted is not None:
+        statement = statement.where(
+            table.c[key].in_(admitted.where(among(admitted.selected_columns[0], ids)))
+        )
+    return [(row[0], row[1]) for row in db.session.execute(statement.order_by(distance).limit(k))]
 
 
 def _blob(vector: np.ndarray) -> bytes:

@@ -7,7 +7,7 @@ TERM = re.compile(r"[^\W_]+")
 MAX_TERMS = 16
 # A word held by more than this share of a table's rows, and by more than COMMON_ROWS of them, is left out of a
 # search by any of the words (informative).
-COMMON_SHARE = 0.1
+COMMON_SHARE = 0.05
 COMMON_ROWS = 1_000
 # Words nearly every text has: they would match most rows and rank nothing. Exactly PostgreSQL's 'english'
 # stop words (FTS5 has no such list): a query of them only would find nothing there (an empty tsquery) and
