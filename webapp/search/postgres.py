@@ -90,6 +90,12 @@ def among(column: sa.ColumnElement[int], ids: list[int]) -> sa.ColumnElement[boo
     return column == sa.any_(sa.bindparam("ids", ids, type_=ARRAY(sa.Integer), unique=True))
 
 
+def in_query(column: sa.ColumnElement[int], ids: sa.Select) -> sa.ColumnElement[bool]:
+    """column = ANY(ARRAY(the query of ids)): the ids are read first, then each row is looked up by them. Joined
+    instead, PostgreSQL read every chat of the account to keep an agent's 200 (4 ms against 0.5; bench.recall)."""
+    return column == sa.any_(sa.func.array(ids.scalar_subquery()))
+
+
 def _statistics(table: str, words: list[str]) -> tuple[int, float, dict[str, int]]:
     """(rows, mean length, rows holding each word) of the table, as last refreshed."""
     result = db.session.execute(

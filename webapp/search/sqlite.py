@@ -69,6 +69,11 @@ def among(column: sa.ColumnElement[int], ids: list[int]) -> sa.ColumnElement[boo
     return column.in_(sa.select(each.c.value))
 
 
+def in_query(column: sa.ColumnElement[int], ids: sa.Select) -> sa.ColumnElement[bool]:
+    """column IN (the query of ids)."""
+    return column.in_(ids)
+
+
 def rebuild_lexical(tables: tuple[str, ...]) -> None:
     for table in tables:
         db.session.execute(sa.text(f"INSERT INTO {table}_fts({table}_fts) VALUES ('rebuild')"))

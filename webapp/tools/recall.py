@@ -62,15 +62,12 @@ def conversations_of(agent: Agent, readable: sa.ColumnElement[bool]) -> sa.Selec
     """The ids of the chats whose messages the agent may search: those it takes part in, of its own account,
     not discarded, that `readable` admits (a condition on Chat from webapp.models.access: chats_heard_in a
     chat, or readable_chats of a person)."""
-    return (
-        sa.select(ChatAgent.chat_id)
-        .join(Chat, Chat.id == ChatAgent.chat_id)
-        .where(
-            ChatAgent.agent_id == agent.id,
-            Chat.account_id == agent.account_id,
-            Chat.discarded_at.is_(None),
-            readable,
-        )
+    takes_part = sa.select(ChatAgent.chat_id).where(ChatAgent.agent_id == agent.id)
+    return sa.select(Chat.id).where(
+        search.backend().in_query(Chat.id, takes_part),
+        Chat.account_id == agent.account_id,
+        Chat.discarded_at.is_(None),
+        readable,
     )
 
 
