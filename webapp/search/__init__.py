@@ -175,12 +175,12 @@ def nearest(
     the nearest by bits among the admitted are taken instead: a longer search, as it reads the scope of every
     row (an agent's 10,000 memories: 7 ms against 2 on SQLite, 15 against 5 on PostgreSQL;
     bench.prompt_memory)."""
-    search, model, n = backend(), embedder.model_name(), RESCORED * k
-    candidates = search.by_bits(kind, model, vector, owners, None, n)
-    found = search.by_distance(kind, vector, candidates, admitted, k) if candidates else []
+    database, model, n = backend(), embedder.model_name(), RESCORED * k
+    candidates = database.by_bits(kind, model, vector, owners, None, n)
+    found = database.by_distance(kind, vector, candidates, admitted, k) if candidates else []
     if admitted is not None and len(found) < k and len(candidates) == n:
-        candidates = search.by_bits(kind, model, vector, owners, admitted, n)
-        found = search.by_distance(kind, vector, candidates, None, k)
+        candidates = database.by_bits(kind, model, vector, owners, admitted, n)
+        found = database.by_distance(kind, vector, candidates, None, k)
     return found
 
 
