@@ -328,9 +328,9 @@ def test_the_scope_is_part_of_the_search_by_meaning_so_closer_rows_outside_it_ne
     app, chat, ada, monkeypatch, candidates
 ):
     """60 closer memories that have left the scope (deleted after their vectors were written, before the embed job
-    removes those) still leave the top of the search to the one inside it: among the nearest by sign bits, or,
-    when those are more than the search takes (10 results: 40 by bits) and none of them is in the scope, by a
-    search of the scope itself."""
+    removes those) still leave the top of the search to the one inside it. With 50 results the search reads 200
+    rows by sign bits, so all 61; with 10 it reads 40, all of them out of the scope, and then searches the scope
+    itself."""
     monkeypatch.setattr(search, "CANDIDATES", candidates)
     gone = [factories.memory(ada, "A death in the family.") for _ in range(60)]  # the query itself
     kept = factories.memory(ada, "My grandfather died last winter.")
