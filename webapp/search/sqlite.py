@@ -164,15 +164,13 @@ def by_distance(
     kind: str, vector: np.ndarray, ids: list[int], admitted: sa.Select | None, k: int
 ) -> list[tuple[int, float]]:
     """(id, cosine distance) of the k of these vectors nearest to `vector` whose ids `admitted` (a query of
-    ids) holds, if given; nearest first. The ids are looked up, in the vectors and in the admitted rows."""
+    ids) holds, if given; nearest first. The ids are looked up by their keys."""
     name, key, _owner = VECTOR_TABLES[kind]
     table = sa.table(name, sa.column(key), sa.column("embedding"))
     distance = sa.func.vec_distance_cosine(table.c.embedding, _blob(vector)).label("distance")
     statement = sa.select(table.c[key], distance).where(among(table.c[key], ids))
     if admitted is not None:
-        statement = statement.where(
-            table.c[key].in_(admitted.where(among(admitted.selected_columns[0], ids)))
-        )
+        statement = statement.where(table.c[key].in_(admitted))
     return [(row[0], row[1]) for row in db.session.execute(statement.order_by(distance).limit(k))]
 
 
