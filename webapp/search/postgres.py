@@ -204,34 +204,36 @@ def delete_vectors(kind: str, ids: list[int]) -> None:
 
 def by_bits(
     kind: str, model: str, vector: np.ndarray, owners: list[int], admitted: sa.Select | None, n: int
-) -> list[int]:
-    """The ids of the n vectors of this model nearest to `vector` by the Hamming distance of their sign bits,
-    among the owners' (an agent's memories, or the messages of some chats) and, if given, those `admitted` (a
-    query of ids) holds: an index-only scan of the owners' range."""
+) -> sa.Select:
+    """The query of the ids of the n vectors of this model nearest to `vector` by the Hamming distance of their
+    sign bits, among the owners' (an agent's memories, or the messages of some chats) and, if given, those
+    `admitted` (a query of ids) holds: an index-only scan of the owners' range."""
     name, key, owner, _rows = VECTOR_TABLES[kind]
     table = sa.table(name, sa.column(key), sa.column(owner), sa.column("model"), sa.column("bits"))
-    by_bits = table.c.bits.op("<~>")(sa.func.binary_quantize(sa.text("CAST(:query_vector AS vector)")))
+    by_bits = table.c.bits.op("<~>")(sa.func.binary_quantize(_query_vector(vector)))
     statement = sa.select(table.c[key]).where(among(table.c[owner], owners), table.c.model == model)
     if admitted is not None:
         statement = statement.where(table.c[key].in_(admitted))
-    return list(db.session.scalars(statement.order_by(by_bits).limit(n), {"query_vector": _literal(vector)}))
+    return statement.order_by(by_bits).limit(n)
 
 
 def by_distance(
-    kind: str, vector: np.ndarray, ids: list[int], admitted: sa.Select | None, k: int
+    kind: str, vector: np.ndarray, candidates: sa.Select, admitted: sa.Select | None, k: int
 ) -> list[tuple[int, float]]:
-    """(id, cosine distance) of the k of these vectors nearest to `vector` whose ids `admitted` (a query of
-    ids) holds, if given; nearest first. The ids are looked up by their keys."""
+    """(id, cosine distance) of the k vectors of the `candidates` (a query of ids) nearest to `vector` whose ids
+    `admitted` (a query of ids) holds, if given; nearest first. The candidates are looked up by their keys."""
     name, key, _owner, _rows = VECTOR_TABLES[kind]
     table = sa.table(name, sa.column(key))
-    distance = sa.literal_column(f"{name}.embedding").op("<=>")(sa.text("CAST(:query_vector AS vector)"))
-    statement = sa.select(table.c[key], distance.label("distance")).where(among(table.c[key], ids))
+    distance = sa.literal_column(f"{name}.embedding").op("<=>")(_query_vector(vector))
+    statement = sa.select(table.c[key], distance.label("distance")).where(in_query(table.c[key], candidates))
     if admitted is not None:
         statement = statement.where(table.c[key].in_(admitted))
-    rows = db.session.execute(
-        statement.order_by(sa.literal_column("distance")).limit(k), {"query_vector": _literal(vector)}
-    )
+    rows = db.session.execute(statement.order_by(sa.literal_column("distance")).limit(k))
     return [(row[0], row[1]) for row in rows]
+
+
+def _query_vector(vector: np.ndarray) -> sa.TextClause:
+    return sa.text("CAST(:query_vector AS vector)").bindparams(query_vector=_literal(vector))
 
 
 def _literal(vector: np.ndarray) -> str:

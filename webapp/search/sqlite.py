@@ -143,10 +143,10 @@ def delete_vectors(kind: str, ids: list[int]) -> None:
 
 def by_bits(
     kind: str, model: str, vector: np.ndarray, owners: list[int], admitted: sa.Select | None, n: int
-) -> list[int]:
-    """The ids of the n vectors of this model nearest to `vector` by the Hamming distance of their sign bits,
-    among the owners' (an agent's memories, or the messages of some chats) and, if given, those `admitted` (a
-    query of ids) holds: read from the owners' range of a covering index."""
+) -> sa.Select:
+    """The query of the ids of the n vectors of this model nearest to `vector` by the Hamming distance of their
+    sign bits, among the owners' (an agent's memories, or the messages of some chats) and, if given, those
+    `admitted` (a query of ids) holds: read from the owners' range of a covering index."""
     name, key, owner = VECTOR_TABLES[kind]
     table = sa.table(name, sa.column(key), sa.column(owner), sa.column("model"), sa.column("bits"))
     by_bits = sa.func.vec_distance_hamming(
@@ -157,18 +157,18 @@ def by_bits(
         # "+key": the owners' range of the index is read, and each row in it checked against the admitted ids;
         # a plain `key IN` makes SQLite look each admitted id up instead (many more reads).
         statement = statement.where(sa.literal_column(f"+{name}.{key}").in_(admitted))
-    return list(db.session.scalars(statement.order_by(by_bits).limit(n)))
+    return statement.order_by(by_bits).limit(n)
 
 
 def by_distance(
-    kind: str, vector: np.ndarray, ids: list[int], admitted: sa.Select | None, k: int
+    kind: str, vector: np.ndarray, candidates: sa.Select, admitted: sa.Select | None, k: int
 ) -> list[tuple[int, float]]:
-    """(id, cosine distance) of the k of these vectors nearest to `vector` whose ids `admitted` (a query of
-    ids) holds, if given; nearest first. The ids are looked up by their keys."""
+    """(id, cosine distance) of the k vectors of the `candidates` (a query of ids) nearest to `vector` whose ids
+    `admitted` (a query of ids) holds, if given; nearest first. The candidates are looked up by their keys."""
     name, key, _owner = VECTOR_TABLES[kind]
     table = sa.table(name, sa.column(key), sa.column("embedding"))
     distance = sa.func.vec_distance_cosine(table.c.embedding, _blob(vector)).label("distance")
-    statement = sa.select(table.c[key], distance).where(among(table.c[key], ids))
+    statement = sa.select(table.c[key], distance).where(in_query(table.c[key], candidates))
     if admitted is not None:
         statement = statement.where(table.c[key].in_(admitted))
     return [(row[0], row[1]) for row in db.session.execute(statement.order_by(distance).limit(k))]
