@@ -220,9 +220,7 @@ def excerpts(found_ids: list[int]) -> list[Excerpt]:
     whose stretches touch are one excerpt. In the order of each excerpt's best message."""
     if not found_ids:
         return []
-    shown = db.session.scalars(
-        sa.select(Message).where(Message.id.in_(_turns_around(found_ids))).options(*_EXCERPT_COLUMNS)
-    )
+    shown = db.session.scalars(_turns_query(), {"found_ids": found_ids})
     turns = {m.id: m for m in shown}
     by_chat: dict[int, list[Message]] = {}  # each chat's loaded turns, in order
     for turn in sorted(turns.values(), key=lambda t: t.id):
@@ -243,24 +241,27 @@ def excerpts(found_ids: list[int]) -> list[Excerpt]:
     return result
 
 
-# What an excerpt shows of a turn: its text, date, author's name and chat (id, title); anything else read later
-# is loaded then. Whole rows took 6.5 ms of Python for 40 turns; these 3 (bench.recall).
-_EXCERPT_COLUMNS = (
-    sa.orm.load_only(
-        Message.id, Message.chat_id, Message.role, Message.content, Message.user_id, Message.agent_id,
-        Message.created_at,
-    ),
-    joinedload(Message.chat).load_only(Chat.id, Chat.title),
-    joinedload(Message.user).load_only(User.id, User.name, User.email),
-    joinedload(Message.agent).load_only(Agent.id, Agent.name),
-    lazyload(Message.sources),
-)  # fmt: skip
-
-
-def _turns_around(found_ids: list[int]) -> set[int]:
-    """The ids of the found messages that are readable and of the readable turns around each in its chat."""
-    rows = db.session.execute(_turns_around_query(), {"found_ids": found_ids})
-    return {turn_id for row in rows for turn_id in row if turn_id is not None}
+@functools.cache
+def _turns_query() -> sa.Select:
+    """The found messages (bound as found_ids) that are readable and the readable turns around each in its
+    chat, with what an excerpt shows of each: its text, date, author's name and chat (id, title); anything else
+    read later is loaded then (whole rows took 6.5 ms of Python for 40 turns; these 3; bench.recall). One
+    statement: the turns' ids are a CTE, read once."""
+    around = _turns_around_query().cte("around").prefix_with("MATERIALIZED")
+    return (
+        sa.select(Message)
+        .where(Message.id.in_(sa.union_all(*(sa.select(column) for column in around.c))))
+        .options(
+            sa.orm.load_only(
+                Message.id, Message.chat_id, Message.role, Message.content, Message.user_id, Message.agent_id,
+                Message.created_at,
+            ),
+            joinedload(Message.chat).load_only(Chat.id, Chat.title),
+            joinedload(Message.user).load_only(User.id, User.name, User.email),
+            joinedload(Message.agent).load_only(Agent.id, Agent.name),
+            lazyload(Message.sources),
+        )
+    )  # fmt: skip
 
 
 @functools.cache
