@@ -221,4 +221,4 @@ def test_a_worker_runs_several_jobs_at_once_unless_the_local_model_answers_them(
 
     assert (local["WORKER_THREADS"], provider["WORKER_THREADS"]) == (1, 4)
     pool = provider["SQLALCHEMY_ENGINE_OPTIONS"]["pool_size"]
-    assert pool >= provider["WORKER_THREADS"] + provider["CONSOLIDATION_CONCURRENCY"]
+    assert pool >= 2 * provider["WORKER_THREADS"] + provider["CONSOLIDATION_CONCURRENCY"]
