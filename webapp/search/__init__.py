@@ -276,9 +276,9 @@ def excerpts(found_ids: list[int]) -> list[Excerpt]:
 @functools.cache
 def _turns_query() -> sa.Select:
     """The found messages (bound as found_ids) that are readable and the readable turns around each in its
-    chat, with what an excerpt shows of each: its text, date, author's name and chat (id, title); anything else
-    read later is loaded then (whole rows took 6.5 ms of Python for 40 turns; these 3; bench.recall). One
-    statement: the turns' ids are a CTE, read once."""
+    chat, in one statement (their ids a CTE, read once), with what an excerpt shows of each: its text, date,
+    author's name and chat (id, title); anything else read later is loaded then. With whole rows, the excerpts
+    of 10 messages found for 'roses' took 9.7 ms of Python, with these 5.5 (bench.recall's data)."""
     around = _turns_around_query().cte("around").prefix_with("MATERIALIZED")
     return (
         sa.select(Message)
