@@ -8,6 +8,7 @@ import pytest
 import sqlalchemy as sa
 
 from tests import factories
+from tests.querycount import count_queries
 from webapp import search
 from webapp.extensions import db
 from webapp.jobs.replies import request_replies, respond
@@ -342,3 +343,17 @@ def test_the_scope_is_part_of_the_search_by_meaning_so_closer_rows_outside_it_ne
     hits = _recall(ada, chat, "a death in the family")["results"]
 
     assert [h["memory_id"] for h in hits if "memory_id" in h] == [kept.id]
+
+
+def test_an_agent_with_few_vectors_is_searched_by_meaning_in_one_statement(app, chat, ada):
+    """With fewer vectors than the search reads by sign bits, every one of them was a candidate: the longer
+    search of the scope would find the same rows again."""
+    loss = factories.memory(ada, "My grandmother passed away last spring.")
+    _index(loss, factories.memory(ada, "The user prefers tea to coffee."))
+
+    with count_queries() as counted:
+        hits = _recall(ada, chat, "a death in the family")["results"]
+
+    assert [h["memory_id"] for h in hits if "memory_id" in h] == [loss.id]
+    by_meaning = [s for s in counted.statements if "memory_vectors" in s and "candidates" in s]
+    assert len(by_meaning) == 1

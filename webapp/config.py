@@ -90,9 +90,9 @@ def _prices() -> dict[str, dict[str, float]]:
 def engine_options(settings: Mapping[str, Any]) -> dict:
     """SQLAlchemy's engine options for the database the app ends up with (set by create_app).
 
-    The pool holds what a worker process may use at once: two connections on each of its threads (a search by
-    meaning runs on a second one beside the search by words; webapp.search), and one per consolidation chunk in
-    flight on its background thread.
+    The pool holds what a worker process may use at once: a connection on each of its threads and one more for
+    each thread's search by meaning, which runs beside its search by words while the pool has one free
+    (webapp.search), and one per consolidation chunk in flight on its background thread.
 
     Under gevent (the web process of `make run`, any stream service), SQLite waits for another writer's
     lock by sleeping inside SQLite, which holds up every greenlet of the process, the lock's holder among them

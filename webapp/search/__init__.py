@@ -23,7 +23,6 @@ import sqlalchemy as sa
 from flask import Flask, current_app
 from sqlalchemy.orm import joinedload, lazyload
 
-from webapp.config import one_connection
 from webapp.extensions import db
 from webapp.models import Agent, AgentMemory, Chat, Message, User
 from webapp.search import embedder
@@ -111,7 +110,9 @@ def memories(
     """The agent's memories within the scope (conditions on AgentMemory) that best match text, best first; by
     meaning too when given the query's vector (query_vector)."""
     ids = memory_ids(agent_id, text, k, *scope, vector=vector)
-    found = {m.id: m for m in db.session.scalars(sa.select(AgentMemory).where(AgentMemory.id.in_(ids)))}
+    # The scope again, on the caller's connection: the search by meaning read only what is committed.
+    loaded = sa.select(AgentMemory).where(AgentMemory.id.in_(ids), AgentMemory.agent_id == agent_id, *scope)
+    found = {m.id: m for m in db.session.scalars(loaded)}
     return [found[i] for i in ids if i in found]
 
 
@@ -156,19 +157,25 @@ def _lexical(model: type, text: str, scope: tuple) -> list[tuple[int, float]]:
 def _dense_meanwhile(
     kind: str, vector: Future[np.ndarray | None] | None, owners: list[int], admitted: sa.Select | None
 ) -> Callable[[], list[tuple[int, float]]]:
-    """What gives _dense's rows for the query's vector once embedded (none without one). They are searched on a
-    thread and a database connection of their own while the caller searches by words (on PostgreSQL the two
-    took 16 and 22 ms of a recall; bench.recall), so they read what is committed; when the process has only the
-    one connection, on it once asked for."""
+    """What gives _dense's rows for the query's vector once embedded (none without one). While the database pool
+    has a connection to spare, they are searched on a thread and a connection of their own as the caller searches
+    by words (on PostgreSQL the two took 16 and 22 ms of a recall; bench.recall), and so read what is committed.
+    Otherwise (a process with one connection, SQLite under gevent; a busy pool) on the caller's, once asked for:
+    a search never waits for a second connection while it holds one."""
     app = current_app._get_current_object()  # type: ignore[attr-defined]
     if vector is None:
         return list
-    if one_connection(app.config):
+    if not _connection_to_spare():
         return functools.partial(_dense_of, None, kind, vector, owners, admitted)
     return _dense_threads.submit(_dense_of, app, kind, vector, owners, admitted).result
 
 
-_dense_threads = ThreadPoolExecutor(max_workers=4, thread_name_prefix="vector-search")
+def _connection_to_spare() -> bool:
+    pool = db.engine.pool
+    return isinstance(pool, sa.pool.QueuePool) and pool.checkedout() < pool.size()
+
+
+_dense_threads = ThreadPoolExecutor(max_workers=8, thread_name_prefix="vector-search")
 
 
 def _dense_of(
@@ -204,9 +211,9 @@ def nearest(
 
     The nearest RESCORED * k by their sign bits among the owners' are ranked by their exact distance, those
     admitted only, in one statement. Most of an agent's rows are admitted anywhere; when fewer than k of those
-    candidates are (or the owners hold fewer than k), the nearest by bits among the admitted are taken instead:
-    a longer search, as it reads the scope of every row (an agent's 10,000 memories: 7 ms against 2 on SQLite,
-    15 against 5 on PostgreSQL; bench.prompt_memory)."""
+    candidates are, and they were all RESCORED * k (or none was admitted), the nearest by bits among the
+    admitted are taken instead: a longer search, as it reads the scope of every row (an agent's 10,000
+    memories: 7 ms against 2 on SQLite, 15 against 5 on PostgreSQL; bench.prompt_memory)."""
     database, model, n = backend(), embedder.model_name(), RESCORED * k
     # One statement: the candidates are a CTE, read once whatever refers to them.
     candidates = database.by_bits(kind, model, vector, owners, None, n).cte("candidates")
@@ -216,10 +223,10 @@ def nearest(
         # The scope checked by the candidates' keys: given the scope's query alone, PostgreSQL read all of an
         # agent's memories to check 200 (6 ms).
         checked = admitted.where(database.in_query(admitted.selected_columns[0], keys))
-    found = database.by_distance(kind, vector, keys, checked, k)
-    if admitted is not None and len(found) < k:
+    found, count = database.by_distance(kind, vector, keys, checked, k)
+    if admitted is not None and len(found) < k and count in (None, n):
         candidates = database.by_bits(kind, model, vector, owners, admitted, n).cte("candidates")
-        found = database.by_distance(kind, vector, sa.select(candidates.c[0]), None, k)
+        found, _count = database.by_distance(kind, vector, sa.select(candidates.c[0]), None, k)
     return found
 
 

@@ -234,17 +234,21 @@ def by_bits(
 
 def by_distance(
     kind: str, vector: np.ndarray, candidates: sa.Select, admitted: sa.Select | None, k: int
-) -> list[tuple[int, float]]:
+) -> tuple[list[tuple[int, float]], int | None]:
     """(id, cosine distance) of the k vectors of the `candidates` (a query of ids) nearest to `vector` whose ids
-    `admitted` (a query of ids) holds, if given; nearest first. The candidates are looked up by their keys."""
+    `admitted` (a query of ids) holds, if given, nearest first; and how many candidates there were (None when
+    none is admitted). The candidates are looked up by their keys."""
     name, key, _owner, _rows = VECTOR_TABLES[kind]
     table = sa.table(name, sa.column(key))
     distance = sa.literal_column(f"{name}.embedding").op("<=>")(_query_vector(vector))
-    statement = sa.select(table.c[key], distance.label("distance")).where(in_query(table.c[key], candidates))
+    counted = sa.select(sa.func.count()).select_from(candidates.subquery()).scalar_subquery()
+    statement = sa.select(table.c[key], distance.label("distance"), counted).where(
+        in_query(table.c[key], candidates)
+    )
     if admitted is not None:
         statement = statement.where(table.c[key].in_(admitted))
-    rows = db.session.execute(statement.order_by(sa.literal_column("distance")).limit(k))
-    return [(row[0], row[1]) for row in rows]
+    rows = db.session.execute(statement.order_by(sa.literal_column("distance")).limit(k)).all()
+    return [(row[0], row[1]) for row in rows], (rows[0][2] if rows else None)
 
 
 def _query_vector(vector: np.ndarray) -> sa.TextClause:

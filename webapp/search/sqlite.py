@@ -162,16 +162,19 @@ def by_bits(
 
 def by_distance(
     kind: str, vector: np.ndarray, candidates: sa.Select, admitted: sa.Select | None, k: int
-) -> list[tuple[int, float]]:
+) -> tuple[list[tuple[int, float]], int | None]:
     """(id, cosine distance) of the k vectors of the `candidates` (a query of ids) nearest to `vector` whose ids
-    `admitted` (a query of ids) holds, if given; nearest first. The candidates are looked up by their keys."""
+    `admitted` (a query of ids) holds, if given, nearest first; and how many candidates there were (None when
+    none is admitted). The candidates are looked up by their keys."""
     name, key, _owner = VECTOR_TABLES[kind]
     table = sa.table(name, sa.column(key), sa.column("embedding"))
     distance = sa.func.vec_distance_cosine(table.c.embedding, _blob(vector)).label("distance")
-    statement = sa.select(table.c[key], distance).where(in_query(table.c[key], candidates))
+    counted = sa.select(sa.func.count()).select_from(candidates.subquery()).scalar_subquery()
+    statement = sa.select(table.c[key], distance, counted).where(in_query(table.c[key], candidates))
     if admitted is not None:
         statement = statement.where(table.c[key].in_(admitted))
-    return [(row[0], row[1]) for row in db.session.execute(statement.order_by(distance).limit(k))]
+    rows = db.session.execute(statement.order_by(distance).limit(k)).all()
+    return [(row[0], row[1]) for row in rows], (rows[0][2] if rows else None)
 
 
 def _blob(vector: np.ndarray) -> bytes:
