@@ -161,7 +161,7 @@ def _dense_meanwhile(
     has a connection to spare, they are searched on a thread and a connection of their own as the caller searches
     by words (on PostgreSQL the two took 16 and 22 ms of a recall; bench.recall), and so read what is committed.
     Otherwise (a process with one connection, SQLite under gevent; a busy pool) on the caller's, once asked for:
-    a search never waits for a second connection while it holds one."""
+    a search asks for a second connection only when the pool has one free."""
     app = current_app._get_current_object()  # type: ignore[attr-defined]
     if vector is None:
         return list
