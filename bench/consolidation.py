@@ -77,9 +77,12 @@ def consolidation_figures(latency: float) -> None:
     try:
         for count in (1, 5, 10):
             with bench_app() as app:
-                app.config.update(LLM_BASE_URL=fake.base_url, CONSOLIDATION_CONCURRENCY=10)
-                app.extensions["llm_client"] = app.extensions["llm_client"].with_options(
-                    base_url=fake.base_url
+                # a provider (not a model that runs here, which answers one request at a time)
+                app.config.update(
+                    LLM_BASE_URL=fake.base_url,
+                    LOCAL_LLM=False,
+                    CONSOLIDATION_CONCURRENCY=10,
+                    CONNECTION_CONCURRENCY=10,
                 )
                 account = factories.account()
                 user = factories.user(account)

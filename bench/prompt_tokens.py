@@ -24,7 +24,7 @@ SUMMARY = "- " + "A fact the conversation settled about roses, shade and waterin
 
 def _row(size: int, fake: FakeLLM) -> str:
     with bench_app() as app:
-        app.extensions["llm_client"] = app.extensions["llm_client"].with_options(base_url=fake.base_url)
+        app.config["LLM_BASE_URL"] = fake.base_url
         account = factories.account()
         user = factories.user(account)
         agent = factories.agent(account, "Ada")

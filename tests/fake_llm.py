@@ -7,6 +7,9 @@
     fake_llm.html()                                       # next answer: HTTP 200 with an HTML page
     fake_llm.hang("alpha", seconds=30)                    # next answer: its words, then silence
     fake_llm.requests[-1]["model"]                        # what the app sent
+    fake_llm.headers[-1]["authorization"]                 # ... and with which headers (lower-case names)
+    fake_llm.models = [{"id": "m", "context_length": 32000}]  # what GET /models lists
+    fake_llm.ollama_models = {"llama3.2:3b": 131072}      # answer as an Ollama: /api/tags, /api/show
     fake_llm.fail(500, model="fake-embedder")             # next /v1/embeddings answer for that model
 
 Answers are consumed in order; when none is scripted, the server answers `default_text`.
@@ -43,6 +46,9 @@ class Scripted:
 class FakeLLM:
     def __init__(self) -> None:
         self.requests: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []  # of each request in `requests`, names in lower case
+        self.models: list[dict[str, Any]] = [{"id": "fake-model", "object": "model"}]
+        self.ollama_models: dict[str, int] | None = None  # name -> context length; None: not an Ollama
         self.embedding_requests: list[dict[str, Any]] = []
         self.default_text = "ok"
         self.delay = 0.0  # seconds added to every answer
@@ -96,6 +102,9 @@ class FakeLLM:
         self._script.clear()
         self._by_model.clear()
         self.requests.clear()
+        self.headers.clear()
+        self.models = [{"id": "fake-model", "object": "model"}]
+        self.ollama_models = None
         self.embedding_requests.clear()
         self.default_text = "ok"
         self.delay = 0.0
@@ -132,9 +141,15 @@ class FakeLLM:
             if generation == self._generation:
                 self.in_flight -= 1
 
-    def _record(self, body: dict[str, Any]) -> None:
+    @property
+    def root(self) -> str:
+        """The server's address without /v1 (where an Ollama is addressed)."""
+        return self.base_url.removesuffix("/v1")
+
+    def _record(self, body: dict[str, Any], headers: dict[str, str]) -> None:
         with self._lock:
             self.requests.append(body)
+            self.headers.append(headers)
 
 
 def _tool_call_json(index: int, name: str, arguments: Any) -> dict[str, Any]:
@@ -156,7 +171,9 @@ def _handler_for(fake: FakeLLM) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:
             if self.path.rstrip("/").endswith("/models"):
-                self._json(200, {"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
+                self._json(200, {"object": "list", "data": [{"object": "model", **m} for m in fake.models]})
+            elif self.path == "/api/tags" and fake.ollama_models is not None:
+                self._json(200, {"models": [{"name": name} for name in fake.ollama_models]})
             else:
                 self._json(404, {"error": {"message": "not found"}})
 
@@ -166,7 +183,14 @@ def _handler_for(fake: FakeLLM) -> type[BaseHTTPRequestHandler]:
             if self.path.rstrip("/").endswith("/embeddings"):
                 self._embeddings(body)
                 return
-            fake._record(body)
+            if self.path == "/api/show" and fake.ollama_models is not None:
+                context = fake.ollama_models.get(body.get("model"))
+                info = {"general.architecture": "llama", "llama.context_length": context}
+                self._json(
+                    200 if context else 404, {"model_info": info} if context else {"error": "model not found"}
+                )
+                return
+            fake._record(body, {k.lower(): v for k, v in self.headers.items()})
             answer = fake._next(body.get("model", ""))
             generation = fake._started()
             try:

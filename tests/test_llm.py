@@ -5,6 +5,7 @@ import sqlalchemy as sa
 
 from webapp import llm
 from webapp.extensions import db
+from webapp.llm.targets import for_environment
 from webapp.models import LlmCall
 
 MESSAGES = [{"role": "user", "content": "Hi"}]
@@ -24,7 +25,9 @@ def _calls() -> list[LlmCall]:
 def test_plain_reply_returns_text_usage_and_records_the_call(app, fake_llm):
     fake_llm.reply("Hello there")
 
-    result = llm.complete("agent-model", MESSAGES, purpose="reply", agent_id=None, chat_id=None)
+    result = llm.complete(
+        for_environment("agent-model"), MESSAGES, purpose="reply", agent_id=None, chat_id=None
+    )
 
     assert result.text == "Hello there"
     assert (result.prompt_tokens, result.completion_tokens) == (11, 2)
@@ -40,7 +43,7 @@ def test_streaming_delivers_each_text_delta_in_order(app, fake_llm):
     fake_llm.reply("one two three")
     deltas = []
 
-    result = llm.complete("m", MESSAGES, purpose="reply", on_text=deltas.append)
+    result = llm.complete(for_environment("m"), MESSAGES, purpose="reply", on_text=deltas.append)
 
     assert deltas == ["one", " two", " three"]
     assert result.text == "one two three"
@@ -53,7 +56,11 @@ def test_tool_calls_are_returned_whole(app, fake_llm, stream):
     fake_llm.reply(tool_calls=[("save_memory", {"content": "likes tea"}), ("save_memory", {"content": "x"})])
 
     result = llm.complete(
-        "m", MESSAGES, purpose="reply", tools=[SAVE_MEMORY], on_text=(lambda _: None) if stream else None
+        for_environment("m"),
+        MESSAGES,
+        purpose="reply",
+        tools=[SAVE_MEMORY],
+        on_text=(lambda _: None) if stream else None,
     )
 
     assert [c.name for c in result.tool_calls] == ["save_memory", "save_memory"]
@@ -65,7 +72,7 @@ def test_tool_calls_are_returned_whole(app, fake_llm, stream):
 def test_malformed_tool_arguments_raise_a_clear_value_error(app, fake_llm):
     fake_llm.reply(tool_calls=[("save_memory", '{"content": ')])
 
-    [call] = llm.complete("m", MESSAGES, purpose="reply", tools=[SAVE_MEMORY]).tool_calls
+    [call] = llm.complete(for_environment("m"), MESSAGES, purpose="reply", tools=[SAVE_MEMORY]).tool_calls
 
     with pytest.raises(ValueError, match="not valid JSON"):
         call.parsed_arguments()
@@ -74,7 +81,7 @@ def test_malformed_tool_arguments_raise_a_clear_value_error(app, fake_llm):
 def test_tool_arguments_with_a_raw_newline_in_a_string_parse(app, fake_llm):
     fake_llm.reply(tool_calls=[("save_memory", '{"content": "two\nlines", "memory_type": "journal"}')])
 
-    [call] = llm.complete("m", MESSAGES, purpose="reply", tools=[SAVE_MEMORY]).tool_calls
+    [call] = llm.complete(for_environment("m"), MESSAGES, purpose="reply", tools=[SAVE_MEMORY]).tool_calls
 
     assert call.parsed_arguments() == {"content": "two\nlines", "memory_type": "journal"}
 
@@ -86,7 +93,7 @@ def test_http_errors_are_classified_and_recorded(app, fake_llm, status, retryabl
     fake_llm.fail(status, "nope")
 
     with pytest.raises(llm.LLMError) as raised:
-        llm.complete("m", MESSAGES, purpose="extract", agent_id=None)
+        llm.complete(for_environment("m"), MESSAGES, purpose="extract", agent_id=None)
 
     assert raised.value.retryable is retryable
     assert f"HTTP {status}" in str(raised.value)
@@ -96,11 +103,11 @@ def test_http_errors_are_classified_and_recorded(app, fake_llm, status, retryabl
 
 
 def test_a_timeout_is_retryable(app, fake_llm):
-    app.extensions["llm_client"] = app.extensions["llm_client"].with_options(timeout=0.2)
+    app.config["LLM_TIMEOUT_SECONDS"] = 0.2
     fake_llm.reply("late", delay=1)
 
     with pytest.raises(llm.LLMError, match="in time") as raised:
-        llm.complete("m", MESSAGES, purpose="reply")
+        llm.complete(for_environment("m"), MESSAGES, purpose="reply")
 
     assert raised.value.retryable
 
@@ -109,10 +116,10 @@ def test_an_unreachable_server_is_retryable(app):
     from tests.conftest import free_port
 
     url = f"http://127.0.0.1:{free_port()}/v1"
-    app.extensions["llm_client"] = app.extensions["llm_client"].with_options(base_url=url)
+    app.config["LLM_BASE_URL"] = url
 
     with pytest.raises(llm.LLMError, match="Could not reach") as raised:
-        llm.complete("m", MESSAGES, purpose="reply")
+        llm.complete(for_environment("m"), MESSAGES, purpose="reply")
 
     assert raised.value.retryable
     assert str(raised.value) == (
@@ -129,7 +136,7 @@ def test_a_model_the_provider_does_not_know_names_the_model_id_to_check(app, fak
     fake_llm.fail(404, "The model `gpt-5-nano` does not exist")
 
     with pytest.raises(llm.LLMError) as raised:
-        llm.complete("gpt-5-nano", MESSAGES, purpose="reply")
+        llm.complete(for_environment("gpt-5-nano"), MESSAGES, purpose="reply")
 
     assert str(raised.value) == (
         "The model 'gpt-5-nano' was not found at the provider: check the agent's model id. "
@@ -143,7 +150,7 @@ def test_a_model_named_by_a_setting_names_that_setting(app, fake_llm):
     fake_llm.fail(404, "not found")
 
     with pytest.raises(llm.LLMError, match="check SUMMARY_MODEL_ID"):
-        llm.complete("tiny-summarizer", MESSAGES, purpose="summarize")
+        llm.complete(for_environment("tiny-summarizer"), MESSAGES, purpose="summarize")
 
 
 @pytest.mark.parametrize(
@@ -161,18 +168,16 @@ def test_a_refused_key_says_to_check_llm_api_key(app, fake_llm, status, said):
     fake_llm.fail(status, "invalid key")
 
     with pytest.raises(llm.LLMError) as raised:
-        llm.complete("m", MESSAGES, purpose="reply")
+        llm.complete(for_environment("m"), MESSAGES, purpose="reply")
 
     assert str(raised.value) == said and not raised.value.retryable
 
 
 def test_a_host_that_does_not_resolve_says_to_check_llm_base_url(app):
-    app.extensions["llm_client"] = app.extensions["llm_client"].with_options(
-        base_url="http://no-such-host.invalid/v1"
-    )
+    app.config["LLM_BASE_URL"] = "http://no-such-host.invalid/v1"
 
     with pytest.raises(llm.LLMError) as raised:
-        llm.complete("m", MESSAGES, purpose="reply")
+        llm.complete(for_environment("m"), MESSAGES, purpose="reply")
 
     assert str(raised.value) == (
         "Could not reach the model at http://no-such-host.invalid/v1: its host name does not resolve. "
@@ -181,7 +186,7 @@ def test_a_host_that_does_not_resolve_says_to_check_llm_base_url(app):
 
 
 def test_the_ledger_row_survives_the_callers_rollback(app, fake_llm):
-    llm.complete("m", MESSAGES, purpose="summarize")
+    llm.complete(for_environment("m"), MESSAGES, purpose="summarize")
     db.session.rollback()
 
     assert [c.purpose for c in _calls()] == ["summarize"]
@@ -196,7 +201,7 @@ def test_a_cut_answer_is_a_retryable_error_recorded_as_such(app, fake_llm, strea
     seen: list[str] = []
 
     with pytest.raises(llm.LLMError) as caught:
-        llm.complete("m", MESSAGES, purpose="reply", on_text=seen.append if stream else None)
+        llm.complete(for_environment("m"), MESSAGES, purpose="reply", on_text=seen.append if stream else None)
 
     assert caught.value.retryable
     [call] = _calls()
@@ -216,7 +221,9 @@ def test_an_html_body_with_http_200_is_a_retryable_error_not_an_empty_answer(
     fake_llm.html(content_type)
 
     with pytest.raises(llm.LLMError) as caught:
-        llm.complete("m", MESSAGES, purpose="extract", on_text=(lambda _: None) if stream else None)
+        llm.complete(
+            for_environment("m"), MESSAGES, purpose="extract", on_text=(lambda _: None) if stream else None
+        )
 
     assert caught.value.retryable
     assert str(caught.value).startswith("The model's server answered with something that is not a completion")
@@ -228,18 +235,19 @@ def test_an_empty_answer_is_a_retryable_error(app, fake_llm, stream):
     fake_llm.reply("")
 
     with pytest.raises(llm.LLMError, match="finished without writing anything") as caught:
-        llm.complete("m", MESSAGES, purpose="summarize", on_text=(lambda _: None) if stream else None)
+        llm.complete(
+            for_environment("m"), MESSAGES, purpose="summarize", on_text=(lambda _: None) if stream else None
+        )
 
     assert caught.value.retryable and _calls()[0].status == "error"
 
 
 def test_a_stream_that_hangs_is_a_retryable_timeout(app, fake_llm):
-    import openai
 
-    app.extensions["llm_client"] = openai.OpenAI(base_url=fake_llm.base_url, api_key="x", timeout=1)
+    app.config["LLM_TIMEOUT_SECONDS"] = 1
     fake_llm.hang("alpha", seconds=3)
 
     with pytest.raises(llm.LLMError, match="did not answer in time") as caught:
-        llm.complete("m", MESSAGES, purpose="reply", on_text=lambda _: None)
+        llm.complete(for_environment("m"), MESSAGES, purpose="reply", on_text=lambda _: None)
 
     assert caught.value.retryable and _calls()[0].status == "error"

@@ -64,8 +64,7 @@ def local_model_url():
 
 @pytest.fixture
 def local_app(app, local_model_url):
-    client = app.extensions["llm_client"]
-    app.extensions["llm_client"] = client.with_options(base_url=local_model_url, timeout=120)
+    app.config.update(LLM_BASE_URL=local_model_url, LLM_TIMEOUT_SECONDS=120)
     # The server generates one request at a time: a rambling answer would hold up the next test for minutes.
     app.config["LLM_MAX_OUTPUT_TOKENS"] = 300
     return app

@@ -14,13 +14,10 @@ LOCAL_LLM_PORT = 8088
 LOCAL_MODEL_ID = "smollm2"
 LOCAL_MODEL_CONTEXT_TOKENS = 8192  # the local model's window (n_ctx): a request and its answer together
 ANSWER_RESERVE_TOKENS = 1024  # the room a request leaves for its answer when LLM_MAX_OUTPUT_TOKENS is unset
-# The local model's answers are capped by default at the room its window keeps for them: a 135M model can
-# ramble until its window is full (minutes on a CPU), and its server answers one request at a time.
+# The answers of a model that runs here are capped by default at the room its window keeps for them: a 135M
+# model can ramble until its window is full (minutes on a CPU), and its server answers one request at a time.
 LOCAL_MODEL_MAX_OUTPUT_TOKENS = ANSWER_RESERVE_TOKENS
-# What one consolidation chunk or compaction request reads with the local model: beside its instructions and
-# the memory it lists (a third of the input budget at most), it fits the window even at 1.5 SmolLM2 tokens
-# per counted token. Another provider reads 100k / 50k.
-LOCAL_MODEL_INPUT_CHUNK_TOKENS = 2500
+OLLAMA_BASE_URL = "http://127.0.0.1:11434"
 
 
 def _database_uri(instance_path: str) -> str:
@@ -140,15 +137,19 @@ def _under_gevent() -> bool:
     return monkey is not None and monkey.is_module_patched("socket")
 
 
+def _fallback_secrets() -> list[str]:
+    return [part.strip() for part in os.environ.get("SECRET_KEY_FALLBACKS", "").split(",") if part.strip()]
+
+
 def load(instance_path: str) -> dict:
     """The app's settings: defaults overridden by environment variables."""
     Path(instance_path).mkdir(parents=True, exist_ok=True)
     scheme = os.environ.get("PREFERRED_URL_SCHEME", "http")
-    max_output = _optional_int("LLM_MAX_OUTPUT_TOKENS")
-    if max_output is None and not os.environ.get("LLM_BASE_URL"):
-        max_output = LOCAL_MODEL_MAX_OUTPUT_TOKENS
     return {
         "SECRET_KEY": _secret_key(instance_path),
+        # Earlier SECRET_KEYs, comma-separated, while they are rotated out: sessions signed and connection keys
+        # encrypted under them are still read (`flask connections rotate-key` encrypts the keys again).
+        "SECRET_KEY_FALLBACKS": _fallback_secrets(),
         # Cookies are SameSite=Lax, and Secure when Cairn is served over HTTPS (PREFERRED_URL_SCHEME=https,
         # also when TLS ends at a proxy in front of it). A sign-in lasts 30 days at most, cookies or not.
         "PREFERRED_URL_SCHEME": scheme,
@@ -162,7 +163,8 @@ def load(instance_path: str) -> dict:
         "EMBEDDED_REDIS": not os.environ.get("REDIS_URL"),
         "REDIS_URL": os.environ.get("REDIS_URL") or f"unix://{Path(instance_path) / 'redis.sock'}",
         "RQ_QUEUE": os.environ.get("RQ_QUEUE", "cairn"),
-        # No LLM_BASE_URL: the project serves the local SmolLM2 model on loopback.
+        # The environment's connection (webapp.llm.targets): LLM_BASE_URL, or with none the SmolLM2 model the
+        # project serves on loopback. Agents may use other connections, which admins add in the app.
         "LOCAL_LLM": not os.environ.get("LLM_BASE_URL"),
         "LOCAL_LLM_PORT": _int("LOCAL_LLM_PORT", LOCAL_LLM_PORT),
         "LLM_BASE_URL": os.environ.get("LLM_BASE_URL")
@@ -170,8 +172,13 @@ def load(instance_path: str) -> dict:
         "LLM_API_KEY": os.environ.get("LLM_API_KEY", "local"),
         "DEFAULT_MODEL_ID": os.environ.get("DEFAULT_MODEL_ID", LOCAL_MODEL_ID),
         "LLM_TIMEOUT_SECONDS": _float("LLM_TIMEOUT_SECONDS", 120),
-        # The most tokens one answer may take (max_tokens); unset, the provider's own limit (the local model: 1024).
-        "LLM_MAX_OUTPUT_TOKENS": max_output,
+        # The most tokens one answer may take (max_tokens); unset, the provider's own limit (a model that runs
+        # here: 1024).
+        "LLM_MAX_OUTPUT_TOKENS": _optional_int("LLM_MAX_OUTPUT_TOKENS"),
+        # Requests one worker process sends to a connection at once (the server that runs here: one).
+        "CONNECTION_CONCURRENCY": _int("CONNECTION_CONCURRENCY", 4),
+        # Where the connections page looks for an Ollama to offer.
+        "OLLAMA_BASE_URL": os.environ.get("OLLAMA_BASE_URL", OLLAMA_BASE_URL),
         # {"model-id": {"input": dollars per 1M tokens, "output": dollars per 1M tokens}}
         "MODEL_PRICES": _prices(),
         "JOB_MAX_RETRIES": _int("JOB_MAX_RETRIES", 3),
@@ -182,23 +189,20 @@ def load(instance_path: str) -> dict:
         "LLM_JSON_MODE": os.environ.get("LLM_JSON_MODE", "1") not in ("0", "false", "no"),
         # Spec 000: consolidation of idle group chats into memories.
         "CONSOLIDATION_IDLE_HOURS": _float("CONSOLIDATION_IDLE_HOURS", 6),
-        "CONSOLIDATION_CHUNK_TOKENS": _int(
-            "CONSOLIDATION_CHUNK_TOKENS",
-            100_000 if os.environ.get("LLM_BASE_URL") else LOCAL_MODEL_INPUT_CHUNK_TOKENS,
-        ),
+        # What one extraction request reads; unset, a third of the model's input budget up to 100k
+        # (webapp.llm.targets).
+        "CONSOLIDATION_CHUNK_TOKENS": _optional_int("CONSOLIDATION_CHUNK_TOKENS"),
         "CONSOLIDATION_CONCURRENCY": _int("CONSOLIDATION_CONCURRENCY", 4),
         # The jobs a worker process runs at once, each on a thread (replies on all, background work on one).
-        # The local model answers one request at a time, so more would only queue up there.
-        "WORKER_THREADS": _int("WORKER_THREADS", 4 if os.environ.get("LLM_BASE_URL") else 1),
+        # How many of them talk to one connection at once is the connection's (CONNECTION_CONCURRENCY).
+        "WORKER_THREADS": _int("WORKER_THREADS", 4),
         # Spec 004: once a chat has more than COMPACTION_THRESHOLD messages after its last cut, a job
         # summarizes all but the newest COMPACTION_KEEP_RECENT into the chat's memory_doc.
         "COMPACTION_THRESHOLD": _int("COMPACTION_THRESHOLD", 100),
         "COMPACTION_KEEP_RECENT": _int("COMPACTION_KEEP_RECENT", 20),
         "COMPACTION_MODEL_ID": os.environ.get("COMPACTION_MODEL_ID", ""),  # empty: the chat's first agent's
-        "COMPACTION_MAX_INPUT_TOKENS": _int(  # per summary request
-            "COMPACTION_MAX_INPUT_TOKENS",
-            50_000 if os.environ.get("LLM_BASE_URL") else LOCAL_MODEL_INPUT_CHUNK_TOKENS,
-        ),
+        # Per summary request; unset, a third of the model's input budget up to 50k.
+        "COMPACTION_MAX_INPUT_TOKENS": _optional_int("COMPACTION_MAX_INPUT_TOKENS"),
         "MEMORY_DOC_PROMPT_TOKENS": _int(
             "MEMORY_DOC_PROMPT_TOKENS", 2_000
         ),  # newest summary sections in a prompt
@@ -219,14 +223,9 @@ def load(instance_path: str) -> dict:
         # sets its own; the whole input of one reply request, checked before every call of its tool loop;
         # what one recall may bring back.
         "MEMORY_TOKEN_BUDGET": _int("MEMORY_TOKEN_BUDGET", 4000),
-        # PROMPT_TOKEN_BUDGET counts the model's own tokens, tool schemas included: by default the local model's
-        # window less the answer's room, or 24000 with another provider.
-        "PROMPT_TOKEN_BUDGET": _int(
-            "PROMPT_TOKEN_BUDGET",
-            24_000
-            if os.environ.get("LLM_BASE_URL")
-            else LOCAL_MODEL_CONTEXT_TOKENS - (max_output or ANSWER_RESERVE_TOKENS),
-        ),
+        # PROMPT_TOKEN_BUDGET counts the model's own tokens, tool schemas included; unset, 24000, and never more
+        # than the model's window less the answer's room (webapp.llm.targets).
+        "PROMPT_TOKEN_BUDGET": _optional_int("PROMPT_TOKEN_BUDGET"),
         "RECALL_TOKEN_BUDGET": _int("RECALL_TOKEN_BUDGET", 2000),
         "RECALL_MAX_RESULTS": _int("RECALL_MAX_RESULTS", 10),
         # Search by meaning (webapp.search): vectors from an OpenAI-compatible /v1/embeddings endpoint, or with
@@ -268,12 +267,11 @@ BOUNDS: dict[str, tuple[float | None, float | None]] = {
     "EMBEDDING_TIMEOUT_SECONDS": (0.1, None),
     "JOB_MAX_RETRIES": (0, None),
     "CONSOLIDATION_IDLE_HOURS": (0, None),
-    "CONSOLIDATION_CHUNK_TOKENS": (1, None),
     "CONSOLIDATION_CONCURRENCY": (1, None),
     "WORKER_THREADS": (1, 64),
+    "CONNECTION_CONCURRENCY": (1, 64),
     "COMPACTION_THRESHOLD": (1, None),
     "COMPACTION_KEEP_RECENT": (0, None),
-    "COMPACTION_MAX_INPUT_TOKENS": (1, None),
     "MEMORY_DOC_PROMPT_TOKENS": (1, None),
     "REFINEMENT_MAX_MUTATIONS": (1, None),
     "REFINEMENT_MAX_TURNS": (1, None),
@@ -285,7 +283,6 @@ BOUNDS: dict[str, tuple[float | None, float | None]] = {
     "TRANSCRIPT_MAX_MESSAGES": (1, None),
     "CROSS_CONVERSATION_REFRESH_SECONDS": (1, None),
     "MEMORY_TOKEN_BUDGET": (1, None),
-    "PROMPT_TOKEN_BUDGET": (1, None),
     "RECALL_TOKEN_BUDGET": (1, None),
     "RECALL_MAX_RESULTS": (1, None),
     "STREAM_MAX_PER_USER": (1, None),
@@ -296,6 +293,9 @@ BOUNDS: dict[str, tuple[float | None, float | None]] = {
 }
 OPTIONAL_BOUNDS: dict[str, tuple[float | None, float | None]] = {  # checked when set
     "LLM_MAX_OUTPUT_TOKENS": (1, None),
+    "PROMPT_TOKEN_BUDGET": (1, None),
+    "CONSOLIDATION_CHUNK_TOKENS": (1, None),
+    "COMPACTION_MAX_INPUT_TOKENS": (1, None),
 }
 
 
@@ -316,22 +316,9 @@ def validate(settings: Mapping[str, Any]) -> None:
             "beyond the most recent ones once a chat has more than the threshold."
         )
     _validate_prices(settings["MODEL_PRICES"])
-    if settings["LOCAL_LLM"]:
-        _validate_local_prompt_budget(settings)
     if settings["PREFERRED_URL_SCHEME"] not in ("http", "https"):
         raise ConfigError(
             f"PREFERRED_URL_SCHEME must be http or https, not {settings['PREFERRED_URL_SCHEME']!r}."
-        )
-
-
-def _validate_local_prompt_budget(settings: Mapping[str, Any]) -> None:
-    """The local model's window holds a request and its answer: PROMPT_TOKEN_BUDGET must leave the answer room."""
-    answer = settings.get("LLM_MAX_OUTPUT_TOKENS") or ANSWER_RESERVE_TOKENS
-    if settings["PROMPT_TOKEN_BUDGET"] + answer > LOCAL_MODEL_CONTEXT_TOKENS:
-        raise ConfigError(
-            f"PROMPT_TOKEN_BUDGET is {settings['PROMPT_TOKEN_BUDGET']}; with the local model it must be at most "
-            f"{LOCAL_MODEL_CONTEXT_TOKENS - answer}: its window holds {LOCAL_MODEL_CONTEXT_TOKENS} tokens, "
-            f"{answer} of them kept for the answer."
         )
 
 

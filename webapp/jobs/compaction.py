@@ -11,6 +11,7 @@ from sqlalchemy.orm import joinedload
 from webapp import llm
 from webapp.extensions import db
 from webapp.jobs.queue import backlog_time, enqueue, job_target, recorded_job
+from webapp.llm import targets
 from webapp.models import Chat, Message
 from webapp.prompting import render
 from webapp.tokens import count_tokens
@@ -75,17 +76,19 @@ def _compact_batch(chat_id: int) -> dict[str, Any]:
     if len(messages) <= threshold:
         return {"skipped": "under the threshold", "messages": len(messages)}
     lines = [f"{m.author_name}: {m.content}" for m in (messages[:-keep_recent] if keep_recent else messages)]
-    lines = _oldest_within(lines, current_app.config["COMPACTION_MAX_INPUT_TOKENS"])
+    target, old_cut = _target_for(chat), chat.compacted_through_message_id
+    lines = _oldest_within(
+        lines, target.chunk_tokens("COMPACTION_MAX_INPUT_TOKENS", targets.COMPACTION_INPUT_CAP)
+    )
     old = messages[: len(lines)]
     transcript = "\n".join(lines)
-    model, old_cut = _model_for(chat), chat.compacted_through_message_id
     agent_id = (
         chat.agents[0].id if chat.agents else None
     )  # whose model it is by default; the ledger is per agent
     last_id, heading = old[-1].id, f"## Through {old[-1].created_at:%Y-%m-%d %H:%M} UTC"
     db.session.commit()  # hold no transaction while the model thinks
     result = llm.complete(
-        model,
+        target,
         [{"role": "system", "content": render("compaction.txt")}, {"role": "user", "content": transcript}],
         purpose="compact",
         agent_id=agent_id,
@@ -106,11 +109,15 @@ def _oldest_within(lines: list[str], max_tokens: int) -> list[str]:
     return lines
 
 
-def _model_for(chat: Chat) -> str:
+def _target_for(chat: Chat) -> targets.ModelTarget:
+    """COMPACTION_MODEL_ID at the environment's connection when set, else the background model of the chat's
+    first agent (its own model unless the account chose one for memory jobs)."""
     configured = current_app.config["COMPACTION_MODEL_ID"]
     if configured:
-        return configured
-    return chat.agents[0].model_id if chat.agents else current_app.config["DEFAULT_MODEL_ID"]
+        return targets.for_environment(configured)
+    if chat.agents:
+        return targets.for_background(chat.agents[0])
+    return targets.for_environment(current_app.config["DEFAULT_MODEL_ID"])
 
 
 def _append_summary(chat_id: int, old_cut: int | None, last_id: int, section: str) -> bool:

@@ -28,7 +28,7 @@ from webapp.extensions import db
 from webapp.jobs.concurrency import cancelled, map_in_threads
 from webapp.jobs.queue import backlog_time, enqueue, job_target, recorded_job
 from webapp.jobs.refinement import trigger_if_over_budget
-from webapp.llm import LLMError
+from webapp.llm import LLMError, targets
 from webapp.llm.jsonparse import parse_json_object
 from webapp.models import Agent, AgentMemory, Chat, ChatAgent, Message
 from webapp.models.access import memories_heard_in
@@ -196,11 +196,17 @@ def _consolidate_for_agent(link_id: int, through_id: int) -> AgentOutcome:
     outcome = AgentOutcome(agent_name=agent.name)
     cursor = link.last_consolidated_message_id
     messages = _transcript_lines(link.chat_id, cursor or 0, through_id)
-    identity, model, agent_id, chat_id = agent.identity(), agent.model_id, agent.id, link.chat_id
-    budget = memory_budget(agent)
+    identity, target, agent_id, chat_id = (
+        agent.identity(),
+        targets.for_background(agent),
+        agent.id,
+        link.chat_id,
+    )
+    budget = memory_budget(target, agent)
     heard = memories_heard_in(link.chat)  # who may read the chat now: its people, read once per run
     db.session.commit()
-    for chunk in chunk_messages(messages, current_app.config["CONSOLIDATION_CHUNK_TOKENS"]):
+    chunk_tokens = target.chunk_tokens("CONSOLIDATION_CHUNK_TOKENS", targets.CONSOLIDATION_CHUNK_CAP)
+    for chunk in chunk_messages(messages, chunk_tokens):
         if cancelled():  # the job was stopped (its time limit): the cursor stays after the last saved chunk
             return outcome
         # Read again for each chunk: it sees the memories the chunks before it added.
@@ -213,7 +219,7 @@ def _consolidate_for_agent(link_id: int, through_id: int) -> AgentOutcome:
         db.session.commit()  # no transaction stays open while the model thinks
         try:
             result = llm.complete(
-                model,
+                target,
                 [{"role": "user", "content": prompt}],
                 purpose="extract",
                 agent_id=agent_id,

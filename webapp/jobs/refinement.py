@@ -16,7 +16,7 @@ from flask import current_app
 
 from webapp.extensions import db
 from webapp.jobs.queue import enqueue, job_target, model_time, recorded_job, target_ids
-from webapp.llm import LLMError
+from webapp.llm import LLMError, targets
 from webapp.llm.tool_loop import run_tool_loop
 from webapp.models import Agent, AuditLog, JobRun
 from webapp.models.audit import ROLLED_BACK, dedup_for_agent, duplicates, session_rows
@@ -206,7 +206,7 @@ def _start(
         start_tokens=usage,
         max_mutations=config["REFINEMENT_MAX_MUTATIONS"],
         floor=config["REFINEMENT_TOKEN_FLOOR"],
-        page_tokens=memory_budget(agent),
+        page_tokens=memory_budget(targets.for_background(agent), agent),
         staged=staged,
         drift_alarm=lambda: _drift_reason(agent.id, threshold),
         refused=refused_changes(agent.id, now),
@@ -235,10 +235,10 @@ def _listed_refusals(refused: list[ProposedChange]) -> list[dict[str, Any]]:
 
 def _tool_loop(session: RefinementSession, prompt: str) -> None:
     """Model turns with the refinement tool until complete, rollback or the turn limit; then close."""
-    offered = [TOOL.name]
+    offered, target = [TOOL.name], targets.for_background(session.agent)
     try:
         run_tool_loop(
-            session.agent.model_id,
+            target,
             [{"role": "user", "content": prompt}],
             purpose="refine",
             tools=schemas_for(offered),
@@ -246,7 +246,8 @@ def _tool_loop(session: RefinementSession, prompt: str) -> None:
             max_turns=current_app.config["REFINEMENT_MAX_TURNS"],
             agent_id=session.agent.id,
             finished=lambda: session.finished,
-            before_turn=fit_to_budget,  # pages read earlier give way before the prompt outgrows its budget
+            # pages read earlier give way before the prompt outgrows its budget
+            before_turn=lambda messages, tools: fit_to_budget(target, messages, tools),
         )
     except LLMError as error:
         db.session.rollback()

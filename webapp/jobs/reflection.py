@@ -14,7 +14,9 @@ from webapp import llm
 from webapp.extensions import db
 from webapp.jobs.queue import backlog_time, enqueue, job_target, recorded_job
 from webapp.jobs.refinement import trigger_if_over_budget
+from webapp.llm import targets
 from webapp.llm.jsonparse import parse_json_object
+from webapp.llm.targets import ModelTarget
 from webapp.models import Agent, AgentMemory
 from webapp.models.audit import record_change
 from webapp.models.memories import core_memories, recent_journal, token_pages
@@ -61,12 +63,13 @@ def reflect_agent(agent_id: int) -> dict[str, Any]:
     entries = db.session.scalars(recent_journal(agent.id, now)).all()
     if not entries:
         return {"entries": 0, "promoted": 0}
-    budget = memory_budget(agent)
+    target = targets.for_background(agent)
+    budget = memory_budget(target, agent)
     core = _core_listing(agent, budget)
     totals = {"entries": len(entries), "promoted": 0, "ignored": 0}
     session_id = str(uuid.uuid4())
     for page in token_pages(entries, budget):
-        for key, value in _reflect_on_page(agent, core, page, session_id).items():
+        for key, value in _reflect_on_page(agent, target, core, page, session_id).items():
             totals[key] = totals.get(key, 0) + value
     return totals
 
@@ -86,17 +89,17 @@ def _core_listing(agent: Agent, budget: int) -> CoreListing:
 
 
 def _reflect_on_page(
-    agent: Agent, core: CoreListing, entries: list[AgentMemory], session_id: str
+    agent: Agent, target: ModelTarget, core: CoreListing, entries: list[AgentMemory], session_id: str
 ) -> dict[str, int]:
     """One request: the model picks entries of this page to promote."""
     prompt = render(
         "reflection.txt", core_memories=core.contents, core_left_out=core.left_out, journal_entries=entries
     )
     numbered = {i: m.id for i, m in enumerate(entries, start=1)}
-    model, agent_id = agent.model_id, agent.id
+    agent_id = agent.id
     db.session.commit()  # no transaction stays open while the model thinks
     result = llm.complete(
-        model,
+        target,
         [{"role": "user", "content": prompt}],
         purpose="reflect",
         agent_id=agent_id,

@@ -30,7 +30,7 @@ from webapp.llm import LLMError
 from webapp.llm.tool_loop import Transcript, run_tool_loop
 from webapp.models import Agent, Chat, JobRun, Message
 from webapp.models.runs import current_job_run_id
-from webapp.prompting.build import build_prompt, fit_to_budget, record_sources
+from webapp.prompting.build import Prompt, build_prompt, fit_to_budget, record_sources
 from webapp.timeutil import utcnow
 from webapp.tools import ToolContext, reply_tools, run_tool_call, schemas_for
 from webapp.tools import steps as tool_steps
@@ -196,7 +196,7 @@ def generate_reply(message: Message) -> None:
     stopped = False
     try:
         prompt = build_prompt(message.chat, message.agent, before_message_id=message.id)
-        text, prompt_tokens, completion_tokens = _tool_loop(message, prompt.messages)
+        text, prompt_tokens, completion_tokens = _tool_loop(message, prompt)
         if not text.strip():
             raise LLMError("The model kept calling tools and never wrote an answer.", retryable=False)
     except ReplyStopped as stop:
@@ -242,7 +242,7 @@ def _unfinished(message: Message, reason: str, will_retry: bool) -> None:
     events.publish(message.chat_id, "final", message.id)
 
 
-def _tool_loop(message: Message, messages: list[dict[str, Any]]) -> tuple[str, int, int]:
+def _tool_loop(message: Message, prompt: Prompt) -> tuple[str, int, int]:
     """The agent's tool loop, streamed to the page; the last turn offers no tools.
 
     Text written before a tool call is kept (it starts the reply), and each call shows on the page as a step,
@@ -268,8 +268,8 @@ def _tool_loop(message: Message, messages: list[dict[str, Any]]) -> tuple[str, i
         return outcome.result
 
     transcript = run_tool_loop(
-        agent.model_id,
-        messages,
+        prompt.target,
+        prompt.messages,
         purpose="reply",
         tools=schemas_for(offered),
         run_call=run_call,
@@ -277,7 +277,8 @@ def _tool_loop(message: Message, messages: list[dict[str, Any]]) -> tuple[str, i
         agent_id=agent.id,
         chat_id=chat.id,
         tools_on_last_turn=False,
-        before_turn=fit_to_budget,  # tool results may have grown the prompt since the last call
+        # tool results may have grown the prompt since the last call
+        before_turn=lambda messages, tools: fit_to_budget(prompt.target, messages, tools),
         on_text=_relay(message),
     )
     return transcript.text, transcript.prompt_tokens, transcript.completion_tokens

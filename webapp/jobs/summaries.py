@@ -8,7 +8,7 @@ from flask import current_app
 from webapp import llm
 from webapp.extensions import db
 from webapp.jobs.queue import enqueue, job_target, model_time, recorded_job
-from webapp.llm import LLMError
+from webapp.llm import LLMError, targets
 from webapp.models import Chat, ChatAgent, Message
 from webapp.models.chats import recent_messages
 from webapp.prompting import render
@@ -75,10 +75,11 @@ def _generate(chat_agent: ChatAgent, recent: list[Message]) -> str:
         {"role": "system", "content": render("generate_agent_summary/system.txt", **variables)},
         {"role": "user", "content": render("generate_agent_summary/user.txt", **variables)},
     ]
-    model = current_app.config["SUMMARY_MODEL_ID"] or agent.model_id
+    configured = current_app.config["SUMMARY_MODEL_ID"]
+    target = targets.for_environment(configured) if configured else targets.for_background(agent)
     agent_id, chat_id = agent.id, chat.id
     db.session.commit()  # hold no transaction while the model thinks
-    result = llm.complete(model, messages, purpose="summarize", agent_id=agent_id, chat_id=chat_id)
+    result = llm.complete(target, messages, purpose="summarize", agent_id=agent_id, chat_id=chat_id)
     return result.text
 
 

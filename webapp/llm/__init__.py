@@ -1,10 +1,13 @@
 """The one way Cairn talks to a model: any OpenAI-compatible API through the openai SDK.
 
-Every request is recorded in llm_calls (the cost ledger), whether it succeeded or not.
+A request goes to a ModelTarget (webapp.llm.targets): a model at one of the connections an admin added, or at the
+environment's. Every request is recorded in llm_calls (the cost ledger), whether it succeeded or not, with its
+connection; no error message or ledger row carries the connection's key.
 """
 
 import json
 import socket
+import threading
 import time
 from collections.abc import Callable
 from contextvars import ContextVar
@@ -18,6 +21,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from webapp import config
 from webapp.extensions import db
+from webapp.llm.targets import ModelTarget
 from webapp.models import LlmCall
 from webapp.models.runs import current_job_run_id
 from webapp.timeutil import utcnow
@@ -73,12 +77,8 @@ class LLMResult:
 
 
 def init_app(app: Flask) -> None:
-    app.extensions["llm_client"] = openai.OpenAI(
-        base_url=app.config["LLM_BASE_URL"],
-        api_key=app.config["LLM_API_KEY"],
-        timeout=app.config["LLM_TIMEOUT_SECONDS"],
-        max_retries=0,  # retries belong to the job queue, with backoff
-    )
+    app.extensions["llm_clients"] = {}
+    app.extensions["llm_slots"] = {}
     if config.one_connection(app.config):
         app.before_request(_hold_ledger_rows)
         app.teardown_request(_write_held_ledger_rows)
@@ -104,7 +104,7 @@ def _write_held_ledger_rows(_error: BaseException | None) -> None:
 
 
 def complete(
-    model: str,
+    target: ModelTarget,
     messages: list[dict[str, Any]],
     *,
     purpose: str,
@@ -113,22 +113,43 @@ def complete(
     chat_id: int | None = None,
     on_text: Callable[[str], None] | None = None,
     response_format: dict[str, Any] | None = None,
+    max_tokens: int | None = None,
 ) -> LLMResult:
-    """Ask `model` for the next message. With on_text, stream and call it with each text delta."""
+    """Ask the target's model for the next message. With on_text, stream and call it with each text delta;
+    max_tokens caps the answer below the target's own cap."""
+    model = target.model
     request: dict[str, Any] = {"model": model, "messages": messages}
     if tools:
         request["tools"] = tools
     if response_format:
         request["response_format"] = response_format
-    if max_tokens := current_app.config.get("LLM_MAX_OUTPUT_TOKENS"):
+    if max_tokens := max_tokens or target.max_output_tokens():
         request["max_tokens"] = max_tokens  # a rambling model stops here, with a retryable "did not finish"
-    started = time.monotonic()
-    record = {"purpose": purpose, "agent_id": agent_id, "chat_id": chat_id, "model": model}
+    record = {
+        "purpose": purpose,
+        "agent_id": agent_id,
+        "chat_id": chat_id,
+        "model": model,
+        "connection_id": target.connection_id,
+    }
+    with _slot(target):
+        started = time.monotonic()
+        return _complete(target, request, record, started, on_text)
+
+
+def _complete(
+    target: ModelTarget,
+    request: dict[str, Any],
+    record: dict[str, Any],
+    started: float,
+    on_text: Callable[[str], None] | None,
+) -> LLMResult:
+    client = client_for(target)
     try:
-        result = _stream(request, on_text) if on_text else _request(request)
+        result = _stream(client, request, on_text) if on_text else _request(client, request)
         _check_finished(result)
     except openai.OpenAIError as e:
-        error = _classify(e, model, purpose)
+        error = _without_key(_classify(e, target, record["purpose"]), target)
         record_call(record, started, status="error", error=str(error))
         raise error from e
     except json.JSONDecodeError as e:  # a JSON content type over a body that is not JSON (an HTML page, say)
@@ -147,7 +168,7 @@ def complete(
         )
         raise
     if not result.prompt_tokens:  # some servers leave usage out of streams; estimate it
-        result.prompt_tokens = count_tokens(json.dumps(messages))
+        result.prompt_tokens = count_tokens(json.dumps(request["messages"]))
         result.completion_tokens = count_tokens(result.text)
     record_call(
         record,
@@ -159,8 +180,39 @@ def complete(
     return result
 
 
-def _client() -> openai.OpenAI:
-    return current_app.extensions["llm_client"]
+def client_for(target: ModelTarget) -> openai.OpenAI:
+    """The SDK client of the target's connection, made once per address, key and headers in each process."""
+    timeout = current_app.config["LLM_TIMEOUT_SECONDS"]
+    identity = (target.base_url, target.api_key, target.headers, timeout)
+    clients: dict = current_app.extensions["llm_clients"]
+    if identity not in clients:
+        clients[identity] = openai.OpenAI(
+            base_url=target.base_url,
+            api_key=target.api_key,
+            default_headers=dict(target.headers),
+            timeout=timeout,
+            max_retries=0,  # retries belong to the job queue, with backoff
+        )
+    return clients[identity]
+
+
+def _slot(target: ModelTarget) -> threading.BoundedSemaphore:
+    """A place among the requests this process sends to the target's connection at once (its concurrency)."""
+    slots: dict = current_app.extensions["llm_slots"]
+    key = (target.base_url, target.concurrency())
+    if key not in slots:
+        slots.setdefault(key, threading.BoundedSemaphore(target.concurrency()))
+    return slots[key]
+
+
+def _without_key(error: "LLMError", target: ModelTarget) -> "LLMError":
+    """The error with the connection's key blotted out, should a provider have echoed it back."""
+    secrets = [target.api_key, *(value for _, value in target.headers)]
+    text = str(error)
+    for secret in secrets:
+        if secret and len(secret) >= 6:
+            text = text.replace(secret, "•••")
+    return error if text == str(error) else LLMError(text, retryable=error.retryable)
 
 
 def _check_finished(result: LLMResult) -> None:
@@ -177,8 +229,8 @@ def _check_finished(result: LLMResult) -> None:
         raise LLMError("The model finished without writing anything.", retryable=True)
 
 
-def _request(request: dict[str, Any]) -> LLMResult:
-    response = _client().chat.completions.create(**request)
+def _request(client: openai.OpenAI, request: dict[str, Any]) -> LLMResult:
+    response = client.chat.completions.create(**request)
     if not isinstance(response, ChatCompletion):  # the SDK hands back the text of a body that is not JSON
         raise LLMError(f"{NOT_A_COMPLETION}: {_excerpt(response)}", retryable=True)
     if not getattr(response, "choices", None):
@@ -198,8 +250,8 @@ def _request(request: dict[str, Any]) -> LLMResult:
     )
 
 
-def _stream(request: dict[str, Any], on_text: Callable[[str], None]) -> LLMResult:
-    stream = _client().chat.completions.create(**request, stream=True, stream_options={"include_usage": True})
+def _stream(client: openai.OpenAI, request: dict[str, Any], on_text: Callable[[str], None]) -> LLMResult:
+    stream = client.chat.completions.create(**request, stream=True, stream_options={"include_usage": True})
     text: list[str] = []
     calls: dict[int, dict[str, str]] = {}
     result = LLMResult(text="")
@@ -238,27 +290,30 @@ def _excerpt(value: Any) -> str:
     return " ".join(str(value).split())[:200] or "(empty)"
 
 
-def _classify(error: openai.OpenAIError, model: str, purpose: str) -> LLMError:
+def _classify(error: openai.OpenAIError, target: ModelTarget, purpose: str) -> LLMError:
     """Rate limits, server errors, timeouts and lost connections are worth retrying; the rest are not. The
     message says what to check when a setting is the likely cause."""
+    model = target.model
     if isinstance(error, openai.APITimeoutError):
         return LLMError("The model did not answer in time.", retryable=True)
     if isinstance(error, openai.APIConnectionError):
-        return _connection_problem(error)
+        return _connection_problem(error, target)
     if isinstance(error, openai.APIStatusError):
         status = error.status_code
         said = f"(HTTP {status}: {_error_detail(error)})"
         if status == 404:
-            check = _model_setting(model, purpose)
+            check = _model_setting(target, purpose)
             return LLMError(
                 f"The model '{model}' was not found at the provider: check {check}. {said}", retryable=False
             )
         if status == 401:
-            return LLMError(f"The provider refused the API key: check LLM_API_KEY. {said}", retryable=False)
+            return LLMError(
+                f"The provider refused the API key: check {_key_setting(target)}. {said}", retryable=False
+            )
         if status == 403:
             return LLMError(
-                f"The provider refused access to the model '{model}': check LLM_API_KEY and what it may use."
-                f" {said}",
+                f"The provider refused access to the model '{model}': check {_key_setting(target)} and what it "
+                f"may use. {said}",
                 retryable=False,
             )
         retryable = status in RETRYABLE_STATUS or status >= 500
@@ -270,15 +325,27 @@ def _classify(error: openai.OpenAIError, model: str, purpose: str) -> LLMError:
 MODEL_SETTINGS = {"summarize": "SUMMARY_MODEL_ID", "compact": "COMPACTION_MODEL_ID"}
 
 
-def _model_setting(model: str, purpose: str) -> str:
+def _model_setting(target: ModelTarget, purpose: str) -> str:
     """Where the model id came from: a setting, or the agent's form."""
     setting = MODEL_SETTINGS.get(purpose)
-    if setting and current_app.config.get(setting) == model:
+    if setting and target.connection_id is None and current_app.config.get(setting) == target.model:
         return setting
     return "the agent's model id"
 
 
-def _connection_problem(error: openai.APIConnectionError) -> LLMError:
+def _key_setting(target: ModelTarget) -> str:
+    if target.connection_id is None:
+        return "LLM_API_KEY"
+    return f"the key of the connection '{target.connection_name}' (Admin, Connections)"
+
+
+def _address_setting(target: ModelTarget) -> str:
+    if target.connection_id is None:
+        return "LLM_BASE_URL"
+    return f"the address of the connection '{target.connection_name}' (Admin, Connections)"
+
+
+def _connection_problem(error: openai.APIConnectionError, target: ModelTarget) -> LLMError:
     """What went wrong on the connection, from the network error under the SDK's "Connection error."."""
     causes = _causes(error)
     # h11, httpcore and httpx each raise their own RemoteProtocolError for a body shorter than announced
@@ -288,15 +355,15 @@ def _connection_problem(error: openai.APIConnectionError) -> LLMError:
             f"The model's answer was cut off: the connection closed before the whole answer arrived ({cut}).",
             retryable=True,
         )
-    where = f"Could not reach the model at {str(_client().base_url).rstrip('/')}"
+    where, check = f"Could not reach the model at {target.base_url.rstrip('/')}", _address_setting(target)
     if any(isinstance(c, ConnectionRefusedError) for c in causes):
         return LLMError(
-            f"{where}: connection refused. Is the model server running? Check LLM_BASE_URL.", retryable=True
+            f"{where}: connection refused. Is the model server running? Check {check}.", retryable=True
         )
     if any(isinstance(c, socket.gaierror) for c in causes):
-        return LLMError(f"{where}: its host name does not resolve. Check LLM_BASE_URL.", retryable=True)
+        return LLMError(f"{where}: its host name does not resolve. Check {check}.", retryable=True)
     detail = f"{causes[0]}" if causes else str(error)
-    return LLMError(f"{where} ({detail}): check LLM_BASE_URL and the network.", retryable=True)
+    return LLMError(f"{where} ({detail}): check {check} and the network.", retryable=True)
 
 
 def _causes(error: BaseException) -> list[BaseException]:
@@ -331,16 +398,3 @@ def record_call(fields: dict[str, Any], started: float, **outcome: Any) -> None:
         return
     with db.engine.begin() as conn:
         conn.execute(sa.insert(LlmCall), [row])
-
-
-MODELS_TIMEOUT_SECONDS = 3
-
-
-def available_models() -> list[str]:
-    """The model ids the provider lists at /v1/models, sorted; empty when it lists none or cannot be reached
-    (the agent form then takes any id typed in)."""
-    try:
-        listed = _client().with_options(timeout=MODELS_TIMEOUT_SECONDS).models.list()
-        return sorted({m.id for m in listed})
-    except openai.OpenAIError:
-        return []

@@ -13,6 +13,7 @@ from typing import Any
 from webapp import llm
 from webapp.extensions import db
 from webapp.llm import ToolCall
+from webapp.llm.targets import ModelTarget
 
 
 @dataclass
@@ -31,7 +32,7 @@ class Transcript:
 
 
 def run_tool_loop(
-    model: str,
+    target: ModelTarget,
     messages: list[dict[str, Any]],
     *,
     purpose: str,
@@ -61,7 +62,7 @@ def run_tool_loop(
         if before_turn:
             before_turn(messages, sent_tools)
         result = llm.complete(
-            model,
+            target,
             messages,
             purpose=purpose,
             tools=sent_tools,

@@ -13,6 +13,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from webapp.extensions import db
+from webapp.llm import targets
 from webapp.models import Agent, AgentMemory, Chat, ChatAgent, ChatPerson, User
 from webapp.models.access import memories_heard_by, readable_chats
 from webapp.models.memories import active_memories, memories_within
@@ -74,7 +75,7 @@ def prompt_memory(user: User, agent: Agent) -> dict[str, Any]:
     memories, then core oldest first and the week's journal newest first, within its memory budget (a chat
     with messages adds the memories that match them first)."""
     visible = _visibility(user, agent)
-    now, budget = utcnow(), memory_budget(agent)
+    now, budget = utcnow(), memory_budget(targets.for_agent(agent), agent)
     within = memories_within(agent.id, now, budget, heard=memories_heard_by(user)).shown_as(visible)
     answer: dict[str, Any] = {
         "memories": [_listed(memory) for memory in within.listed],

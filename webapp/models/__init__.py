@@ -5,6 +5,7 @@ from webapp.models.agents import Agent
 from webapp.models.api_keys import ApiKey
 from webapp.models.audit import AuditLog
 from webapp.models.chats import Chat, ChatAgent, ChatPerson, Message
+from webapp.models.connections import Connection
 from webapp.models.memories import AgentMemory, ReplySources
 from webapp.models.proposals import MemoryProposal, ProposedChange
 from webapp.models.runs import JobRun, LlmCall
@@ -19,6 +20,7 @@ __all__ = [
     "Chat",
     "ChatAgent",
     "ChatPerson",
+    "Connection",
     "EmbeddingQueue",
     "JobRun",
     "LlmCall",

@@ -42,6 +42,14 @@ class Account(db.Model):
 
     id: Mapped[int] = mapped_column(primary_key=True)
     name: Mapped[str] = mapped_column(sa.String(120))
+    # The model its agents' memory jobs use (a cheaper one, say), at a connection (None: the environment's);
+    # no model: each agent's own (webapp.llm.targets.for_background).
+    background_connection_id: Mapped[int | None] = mapped_column(
+        sa.ForeignKey(
+            "connections.id", use_alter=True, name="fk_accounts_background_connection_id_connections"
+        )
+    )
+    background_model_id: Mapped[str | None] = mapped_column(sa.String(200))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     users: Mapped[list["User"]] = relationship(back_populates="account")

@@ -35,6 +35,9 @@ class Agent(db.Model):
     # the account, and kept when it is renamed, so clients keep working.
     slug: Mapped[str] = mapped_column(sa.String(MAX_SLUG_CHARS))
     system_prompt: Mapped[str] = mapped_column(sa.Text, default="")
+    # Its model: an id at its connection (webapp.models.connections; None: the environment's connection, as for
+    # every agent made before connections).
+    connection_id: Mapped[int | None] = mapped_column(sa.ForeignKey("connections.id"), index=True)
     model_id: Mapped[str] = mapped_column(sa.String(200))
     enabled_tools: Mapped[list[str]] = mapped_column(JSON, default=lambda: list(DEFAULT_TOOLS))
     core_token_budget: Mapped[int] = mapped_column(default=DEFAULT_CORE_TOKEN_BUDGET)
@@ -57,6 +60,7 @@ class Agent(db.Model):
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 
     account: Mapped[Account] = relationship()
+    connection: Mapped["Connection | None"] = relationship()  # noqa: F821
     chat_agents: Mapped[list["ChatAgent"]] = relationship(back_populates="agent")  # noqa: F821
 
     @staticmethod

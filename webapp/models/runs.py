@@ -35,6 +35,8 @@ class LlmCall(db.Model):
     chat_id: Mapped[int | None] = mapped_column(sa.ForeignKey("chats.id"), index=True)
     job_run_id: Mapped[int | None] = mapped_column(sa.ForeignKey("job_runs.id"), index=True)
     model: Mapped[str] = mapped_column(sa.String(200))
+    # The connection the request went to (None: the environment's, and every request before connections).
+    connection_id: Mapped[int | None] = mapped_column(sa.ForeignKey("connections.id", ondelete="SET NULL"))
     prompt_tokens: Mapped[int] = mapped_column(default=0)
     completion_tokens: Mapped[int] = mapped_column(default=0)
     latency_ms: Mapped[int] = mapped_column(default=0)

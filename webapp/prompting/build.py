@@ -16,13 +16,14 @@ from sqlalchemy.orm import joinedload
 
 from webapp import search
 from webapp.extensions import db
-from webapp.llm import LLMError
+from webapp.llm import LLMError, targets
+from webapp.llm.targets import ModelTarget
 from webapp.models import Agent, AgentMemory, Chat, ChatAgent, Message, ReplySources, User, public_ids
 from webapp.models.access import chats_heard_in, memories_heard_in
 from webapp.models.chats import other_conversation_summaries
 from webapp.models.memories import MemoryWithin, active_memories, memories_within
 from webapp.prompting import render
-from webapp.prompting.window import input_budget, prompt_tokens, text_tokens
+from webapp.prompting.window import prompt_tokens, text_tokens
 from webapp.search.terms import terms
 from webapp.timeutil import utcnow
 from webapp.tools import reply_tools, schemas_for
@@ -47,7 +48,7 @@ class PromptTooLarge(LLMError):
     def __init__(self, tokens: int, budget: int):
         super().__init__(
             f"The prompt needs {tokens:,} tokens with its tools, over the {budget:,} allowed (PROMPT_TOKEN_BUDGET, "
-            "less the answer's room in the local model's window).",
+            "and no more than the model's window less the answer's room).",
             retryable=False,
         )
 
@@ -65,19 +66,20 @@ class Sources:
 @dataclass
 class Prompt:
     messages: list[dict[str, Any]]
+    target: ModelTarget  # the model it is for, whose window it fits
     # The staged borrowed context this prompt included; the reply clears exactly this once it succeeds.
     borrowed_context: dict[str, Any] | None = None
     sources: Sources = field(default_factory=Sources)
 
 
 def build_prompt(chat: Chat, agent: Agent, *, before_message_id: int | None = None) -> Prompt:
-    """The messages for an activation, and the borrowed context they include."""
-    now = utcnow()
+    """The messages for an activation of the agent's own model, and the borrowed context they include."""
+    now, target = utcnow(), targets.for_agent(agent)
     recent = _recent_messages(chat, before_message_id)
-    transcript, truncated = _transcript(recent, agent)
+    transcript, truncated = _transcript(target, recent, agent)
     borrowed = _staged_borrowed_context(chat, agent)
     borrowed_section = _borrowed_section(borrowed)
-    memory, listed = prompt_memory(chat, agent, now, recent)
+    memory, listed = prompt_memory(target, chat, agent, now, recent)
     summaries = other_conversation_summaries(agent, exclude_chat_id=chat.id, heard=chats_heard_in(chat))
     context = [
         listed,
@@ -87,7 +89,7 @@ def build_prompt(chat: Chat, agent: Agent, *, before_message_id: int | None = No
     ]
     if truncated:
         context.insert(0, TRUNCATION_NOTE)
-    so_far = _conversation_so_far(chat)
+    so_far = _conversation_so_far(target, chat)
     messages = [
         {"role": "system", "content": agent.identity()},
         *so_far,
@@ -100,20 +102,24 @@ def build_prompt(chat: Chat, agent: Agent, *, before_message_id: int | None = No
         summary_chat_ids=[s.chat_id for s in summaries],
         borrowed_chat_id=public_ids.decode(borrowed["source_conversation_id"]) if borrowed_section else None,
     )
-    fit_to_budget(messages, schemas_for(reply_tools(agent)))
-    return Prompt(messages, borrowed if borrowed_section else None, sources)
+    fit_to_budget(target, messages, schemas_for(reply_tools(agent)))
+    return Prompt(messages, target, borrowed if borrowed_section else None, sources)
 
 
-def memory_budget(agent: Agent) -> int:
-    """The tokens the memory section of a prompt may take: the agent's own setting, or the global one, and
-    never more than a third of the input budget (the local model's small window holds the tools and the
+def memory_budget(target: ModelTarget, agent: Agent) -> int:
+    """The tokens the memory section of a prompt for the target's model may take: the agent's own setting, or
+    the global one, and never more than a third of the input budget (a small window holds the tools and the
     conversation too)."""
     setting = agent.memory_token_budget or current_app.config["MEMORY_TOKEN_BUDGET"]
-    return min(setting, input_budget() // MEMORY_SHARE)
+    return min(setting, target.input_budget() // MEMORY_SHARE)
 
 
 def fit_to_budget(
-    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, *, budget: int | None = None
+    target: ModelTarget,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+    *,
+    budget: int | None = None,
 ) -> int:
     """Bring the messages within the input budget, in place, before a model call; returns the tokens of the
     request (the messages and the tool schemas sent with them).
@@ -122,8 +128,8 @@ def fit_to_budget(
     (the model has read them; a refinement's earlier pages, say), are replaced by a short note. What is left over budget after that raises PromptTooLarge, so no memory,
     summary, borrowed context, tool list or tool result can push a request past the model's window.
     """
-    budget = budget or input_budget()
-    while (used := prompt_tokens(messages, tools)) > budget:
+    budget = budget or target.input_budget()
+    while (used := prompt_tokens(target, messages, tools)) > budget:
         if not _drop_oldest_transcript(messages) and not _drop_oldest_tool_result(messages):
             raise PromptTooLarge(used, budget)
     return used
@@ -189,7 +195,7 @@ def _recalled(messages: list[dict[str, Any]]) -> tuple[list[int], list[int]]:
     return memory_ids, chat_ids
 
 
-def _conversation_so_far(chat: Chat) -> list[dict[str, str]]:
+def _conversation_so_far(target: ModelTarget, chat: Chat) -> list[dict[str, str]]:
     """Spec 004: the summary of the history before the cut; it changes only when a compaction runs.
 
     The summary grows by a section per compaction, so only its newest sections within a token budget go in
@@ -199,10 +205,10 @@ def _conversation_so_far(chat: Chat) -> list[dict[str, str]]:
     if not doc:
         return []
     sections = doc.split("\n\n## ")
-    budget = min(current_app.config["MEMORY_DOC_PROMPT_TOKENS"], input_budget() // SUMMARY_SHARE)
+    budget = min(current_app.config["MEMORY_DOC_PROMPT_TOKENS"], target.input_budget() // SUMMARY_SHARE)
     kept, used = [], 0
     for section in reversed(sections):
-        used += text_tokens(section)
+        used += text_tokens(target, section)
         if used > budget and kept:
             break
         kept.append(section)
@@ -229,14 +235,16 @@ def _recent_messages(chat: Chat, before_message_id: int | None) -> list[Message]
     return list(db.session.scalars(query))
 
 
-def _transcript(newest_first: list[Message], agent: Agent) -> tuple[list[dict[str, str]], bool]:
+def _transcript(
+    target: ModelTarget, newest_first: list[Message], agent: Agent
+) -> tuple[list[dict[str, str]], bool]:
     """The most recent finished messages that fit the token budget, oldest first; and whether any were cut."""
     budget = current_app.config["TRANSCRIPT_TOKEN_BUDGET"]
     kept: list[dict[str, str]] = []
     used = 0
     for message in newest_first[: current_app.config["TRANSCRIPT_MAX_MESSAGES"]]:
         entry = _transcript_entry(message, agent)
-        used += text_tokens(entry["content"])
+        used += text_tokens(target, entry["content"])
         if used > budget and kept:
             break
         kept.append(entry)
@@ -250,7 +258,7 @@ def _transcript_entry(message: Message, agent: Agent) -> dict[str, str]:
 
 
 def prompt_memory(
-    chat: Chat, agent: Agent, now: datetime, recent: list[Message] | None = None
+    target: ModelTarget, chat: Chat, agent: Agent, now: datetime, recent: list[Message] | None = None
 ) -> tuple[MemoryWithin, str]:
     """The memories the agent's prompt in this chat holds now, within its memory budget, and the section that
     lists them: what the prompt and the chat's memory page both show. First the constitutional memories, then
@@ -261,11 +269,11 @@ def prompt_memory(
     queries: the search, the budget and the counts of what was left out."""
     if recent is None:
         recent = _recent_messages(chat, None)
-    budget = memory_budget(agent)
+    budget = memory_budget(target, agent)
     heard = memories_heard_in(chat)
     relevant = _relevant_memories(agent, chat, heard, *_memory_query(recent))
     within = memories_within(agent.id, now, budget, relevant, heard=heard)
-    return within, _memory_section(within, agent, budget)
+    return within, _memory_section(target, within, agent, budget)
 
 
 def _memory_query(newest_first: list[Message]) -> tuple[str, str]:
@@ -304,10 +312,12 @@ def _relevant_memories(
     return search.memory_ids(agent.id, f"{message}\n{around}", RELEVANT_MEMORIES, *scope, vector=vector)
 
 
-def _memory_section(within: MemoryWithin, agent: Agent, budget: int) -> str:
+def _memory_section(target: ModelTarget, within: MemoryWithin, agent: Agent, budget: int) -> str:
     """The memory section within its token budget: what did not fit is left out, and the section says so."""
     can_recall = "recall" in (agent.enabled_tools or [])
-    while (used := text_tokens(text := render("memory.txt", within=within, can_recall=can_recall))) > budget:
+    while (
+        used := text_tokens(target, text := render("memory.txt", within=within, can_recall=can_recall))
+    ) > budget:
         listed = len(within.listed)
         if not listed:
             break  # only the headings and the note are left

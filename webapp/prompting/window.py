@@ -4,17 +4,17 @@ The embedded local model (SmolLM2 under llama-cpp-python) has a small window and
 counts digits and most non-English text at up to twice what cl100k does. Its chatml-function-calling format
 also HTML-escapes every text, lists the tools' parameters again in every system message, and starts each
 earlier answer with "message:". So with the local model a request is counted as that server renders it; any
-other provider is counted with cl100k, the tools once.
+other provider is counted with cl100k, the tools once. Which model a request goes to, and so its window, is
+the request's ModelTarget (webapp.llm.targets).
 """
 
 import functools
 import json
 from typing import Any
 
-from flask import current_app
 from markupsafe import escape
 
-from webapp.config import ANSWER_RESERVE_TOKENS, LOCAL_MODEL_CONTEXT_TOKENS
+from webapp.llm.targets import ModelTarget
 from webapp.runtime.processes import local_model_path
 from webapp.tokens import count_tokens
 
@@ -28,30 +28,18 @@ LOCAL_EARLIER_ANSWER = "message:\n"
 LOCAL_TOOL_INSTRUCTIONS_TOKENS = 150
 
 
-def answer_room() -> int:
-    """The tokens a request leaves for its answer: LLM_MAX_OUTPUT_TOKENS, or ANSWER_RESERVE_TOKENS."""
-    return current_app.config.get("LLM_MAX_OUTPUT_TOKENS") or ANSWER_RESERVE_TOKENS
-
-
-def input_budget() -> int:
-    """The tokens a request's messages and tool schemas may take: PROMPT_TOKEN_BUDGET, and with the local
-    model never more than its window leaves once the answer has its room."""
-    budget = current_app.config["PROMPT_TOKEN_BUDGET"]
-    if current_app.config["LOCAL_LLM"]:
-        budget = min(budget, LOCAL_MODEL_CONTEXT_TOKENS - answer_room())
-    return budget
-
-
-def text_tokens(text: str) -> int:
-    """The tokens of text in the model's own tokenizer (cl100k for any provider but the local model)."""
-    if current_app.config["LOCAL_LLM"]:
+def text_tokens(target: ModelTarget, text: str) -> int:
+    """The tokens of text in the model's own tokenizer (cl100k for any model but the local SmolLM2)."""
+    if target.counts_as_local:
         return _local_tokens(text or "")
     return _cl100k_tokens(text or "")
 
 
-def prompt_tokens(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> int:
+def prompt_tokens(
+    target: ModelTarget, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+) -> int:
     """The input tokens of a request: every message (contents and tool-call arguments) and the tool schemas."""
-    if current_app.config["LOCAL_LLM"]:
+    if target.counts_as_local:
         return _local_request_tokens(messages, tools)
     total = _cl100k_tokens(json.dumps(tools)) if tools else 0
     return total + sum(MESSAGE_OVERHEAD_TOKENS + _message_tokens(m, _cl100k_tokens) for m in messages)

@@ -12,6 +12,7 @@ from wtforms import (
     BooleanField,
     IntegerField,
     RadioField,
+    SelectField,
     SelectMultipleField,
     StringField,
     TextAreaField,
@@ -20,14 +21,15 @@ from wtforms import (
 from wtforms.fields.choices import SelectChoice
 from wtforms.validators import DataRequired, Length, NumberRange, Optional, Regexp, ValidationError
 
-from webapp import llm
 from webapp.agent_files.errors import AgentFileError, NameTaken
 from webapp.agent_files.export import export_agent, record_export
 from webapp.agent_files.restore import import_agent, read
 from webapp.extensions import db
 from webapp.models import Agent
 from webapp.models.agents import DEFAULT_CORE_TOKEN_BUDGET, DEFAULT_TOOLS
+from webapp.models.connections import ENVIRONMENT
 from webapp.tools import REPLY_TOOLS
+from webapp.web import model_picker
 from webapp.web.auth import admin_required, owned_or_404
 
 bp = Blueprint("agents", __name__, url_prefix="/agents")
@@ -51,7 +53,8 @@ class AgentForm(FlaskForm):
         ],
     )
     system_prompt = TextAreaField("System prompt", validators=[Length(max=20_000)])
-    model_id = StringField("Model", validators=[DataRequired(), Length(max=200)])
+    model_choice = SelectField("Model", validate_choice=False)
+    model_id = StringField("Or type a model id", validators=[Length(max=200)])
     enabled_tools = SelectMultipleField(
         "What it may do", widget=widgets.ListWidget(prefix_label=False), option_widget=widgets.CheckboxInput()
     )
@@ -85,10 +88,32 @@ class AgentForm(FlaskForm):
     def __init__(self, *args, agent: Agent | None = None, **kwargs):
         super().__init__(*args, obj=agent, **kwargs)
         self.agent = agent
+        self.picked: model_picker.Picked | None = None
         self.enabled_tools.choices = [
             (name, TOOL_LABELS.get(name, f"{name}: {tool.description.split('. ')[0]}."))
             for name, tool in REPLY_TOOLS.items()
         ]
+        self.model_groups = model_picker.groups(current_user.account_id)
+        self.model_choice.choices = _grouped_choices(self.model_groups)
+        if not self.is_submitted():
+            self._show_current_model()
+
+    def _show_current_model(self) -> None:
+        """The picker on the agent's model when its connection lists it, else on "another model" with the id
+        in the text field."""
+        key = str(self.agent.connection_id) if self.agent and self.agent.connection_id else ENVIRONMENT
+        group = next((g for g in self.model_groups if g.connection.key == key), self.model_groups[0])
+        model = self.model_id.data or ""
+        if model in group.models:
+            self.model_choice.data, self.model_id.data = model_picker.value(group.connection, model), ""
+        else:
+            self.model_choice.data = model_picker.value(group.connection, "")
+
+    def validate_model_id(self, field) -> None:
+        try:
+            self.picked = model_picker.pick(current_user.account_id, self.model_choice.data, field.data)
+        except model_picker.NotListed as refusal:
+            raise ValidationError(str(refusal)) from None
 
     def validate_name(self, field) -> None:
         taken = db.session.scalar(
@@ -100,6 +125,20 @@ class AgentForm(FlaskForm):
         )
         if taken:
             raise ValidationError("Another agent already has this name.")
+
+
+def _grouped_choices(groups: list[model_picker.Group]) -> dict[str, list[tuple[str, str]]]:
+    """The picker's options: each connection's models, then "another model" there."""
+    return {
+        group.connection.name: [
+            *((model_picker.value(group.connection, model), model) for model in group.models),
+            (
+                model_picker.value(group.connection, ""),
+                f"Another model at {group.connection.name} (type its id)",
+            ),
+        ]
+        for group in groups
+    }
 
 
 class ImportForm(FlaskForm):
@@ -192,8 +231,7 @@ def new() -> ResponseReturnValue:
 
 
 def _form_page(form: AgentForm, agent: Agent | None):
-    models = llm.available_models()
-    html = render_template("agents/form.html", form=form, agent=agent, models=models)
+    html = render_template("agents/form.html", form=form, agent=agent)
     return html, 422 if form.errors else 200
 
 
@@ -212,7 +250,7 @@ def edit(agent_id: int) -> ResponseReturnValue:
 def _save(form: AgentForm, agent: Agent) -> None:
     agent.name = form.name.data.strip()
     agent.system_prompt = (form.system_prompt.data or "").strip()
-    agent.model_id = form.model_id.data.strip()
+    agent.connection_id, agent.model_id = form.picked.connection_id, form.picked.model
     agent.enabled_tools = [name for name in form.enabled_tools.data if name in REPLY_TOOLS]
     agent.core_token_budget = form.core_token_budget.data
     agent.memory_token_budget = form.memory_token_budget.data

@@ -36,10 +36,12 @@ from webapp import events
 from webapp.extensions import db
 from webapp.jobs.followups import after_new_message
 from webapp.jobs.replies import request_replies, retry_refusal, retry_reply, stop_reply
+from webapp.llm import targets
 from webapp.models import Agent, AuditLog, Chat, ChatAgent, ChatPerson, Message, User, access
 from webapp.models.chats import CHAT_VISIBILITIES, other_conversations
 from webapp.prompting.build import prompt_memory
 from webapp.timeutil import utcnow
+from webapp.web import model_picker
 from webapp.web.auth import owned_or_404, readable_chat_ids, readable_chat_or_404
 from webapp.web.fragments import fragment_requested, page_or_fragment
 from webapp.web.guards import replies_limit
@@ -145,13 +147,17 @@ def index() -> ResponseReturnValue:
     """The chats the person may read, most recently active first (or the discarded ones)."""
     discarded = request.args.get("discarded") == "1"
     rows = _chat_rows(discarded)
-    has_agents = bool(_account_agents())
+    agents = _account_agents()
     return page_or_fragment(
         "chats/index.html",
         {"chat-list": "chats/_list.html"},
         rows=rows,
         discarded=discarded,
-        has_agents=has_agents,
+        has_agents=bool(agents),
+        on_bundled_model=model_picker.on_bundled_model(agents) if current_user.is_admin else [],
+        detected_ollama=model_picker.detected_ollama(current_user.account_id)
+        if current_user.is_admin
+        else None,
     )
 
 
@@ -531,7 +537,7 @@ def agent_memory(chat_id: int, agent_id: int) -> ResponseReturnValue:
     if agent is None:
         abort(404)
     shown = agent.memory_visible_to(current_user)
-    held = prompt_memory(chat, agent, utcnow())[0].shown_as(shown)
+    held = prompt_memory(targets.for_agent(agent), chat, agent, utcnow())[0].shown_as(shown)
     return render_template("chats/agent_memory.html", chat=chat, agent=agent, held=held, shown=shown)
 
 

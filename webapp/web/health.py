@@ -26,7 +26,9 @@ from webapp.extensions import db
 from webapp.jobs import embeddings
 from webapp.jobs.queue import redis_connection, worker_queues
 from webapp.jobs.schedule import scheduler_alive
-from webapp.models import Agent, LlmCall
+from webapp.llm import providers, targets
+from webapp.models import Account, Agent, Connection, LlmCall
+from webapp.models.connections import AnyConnection
 from webapp.models.drift import drifts
 from webapp.models.proposals import pending_count
 from webapp.models.search import EmbeddingQueue
@@ -35,6 +37,7 @@ from webapp.timeutil import utcnow
 
 bp = Blueprint("health", __name__)
 CACHE_SECONDS = 5
+PROBE_TIMEOUT_SECONDS = 3  # a model endpoint's probe
 # worker.py's workers heartbeat every WORKER_TTL_SECONDS / 2 while idle and every 30 s during a job; one whose
 # last heartbeat is older than this is dead (RQ itself keeps a killed worker registered for minutes).
 WORKER_TTL_SECONDS = 30
@@ -66,7 +69,7 @@ def check_database() -> Check:
     return Check(True, url)
 
 
-def _without_password(url: str) -> str:
+def without_password(url: str) -> str:
     """The URL as it may be shown to anyone: any password replaced by ***."""
     parts = urlsplit(url)
     if parts.password is None:
@@ -76,7 +79,7 @@ def _without_password(url: str) -> str:
 
 
 def check_redis() -> Check:
-    url = _without_password(current_app.config["REDIS_URL"])
+    url = without_password(current_app.config["REDIS_URL"])
     try:
         redis_connection().ping()
     except Exception as e:  # redis-py raises several families (connection, timeout, auth, OS errors)
@@ -116,13 +119,61 @@ def check_scheduler() -> Check:
 
 
 def check_llm() -> Check:
-    url = _without_password(current_app.config["LLM_BASE_URL"])
-    client = current_app.extensions["llm_client"].with_options(timeout=3)
+    """The environment's connection (LLM_BASE_URL, or the model that runs here)."""
+    return _probe(targets.environment_connection())
+
+
+def _probe(connection: AnyConnection) -> Check:
+    url = without_password(connection.base_url)
     try:
-        models = [m.id for m in client.models.list()]
-    except Exception as e:  # noqa: BLE001  (any failure means the endpoint is not usable)
+        models = [m["id"] for m in providers.list_models(connection, timeout=PROBE_TIMEOUT_SECONDS)]
+    except providers.ProviderError as e:
         return Check(False, f"cannot reach {url}: {e}")
     return Check(True, f"{url} serves {', '.join(models[:5]) or 'no listed models'}")
+
+
+def connections_in_use(account_id: int) -> dict[str, Check]:
+    """The state of each connection an agent of the account (or its memory jobs) uses, by its name: the
+    environment's as the cached report says, the others probed at most once per CACHE_SECONDS per process."""
+    checks = {}
+    uses_environment = db.session.scalar(
+        sa.select(sa.exists().where(Agent.account_id == account_id, Agent.connection_id.is_(None)))
+    )
+    if uses_environment:
+        checks[targets.environment_connection().name] = report()["llm"]
+    for row in _added_connections_in_use(account_id):
+        checks[row.name] = connection_check(row)
+    return checks
+
+
+def _added_connections_in_use(account_id: int) -> list[Connection]:
+    """The account's own connections that an agent or its memory jobs use (one query)."""
+    return db.session.scalars(
+        sa.select(Connection).where(
+            Connection.account_id == account_id,
+            sa.or_(
+                Connection.id.in_(sa.select(Agent.connection_id).where(Agent.account_id == account_id)),
+                Connection.id.in_(
+                    sa.select(Account.background_connection_id).where(Account.id == account_id)
+                ),
+            ),
+        )
+    ).all()
+
+
+def connection_check(connection: AnyConnection) -> Check:
+    """The connection's state, probed at most once per CACHE_SECONDS in this process (the environment's: the
+    cached report's)."""
+    if connection.id is None:
+        return report()["llm"]
+    cache = current_app.extensions["connection_health"]
+    identity = (connection.id, connection.base_url, connection.updated_at)
+    with cache.lock:
+        taken_at, check = cache.checks.get(identity, (float("-inf"), None))
+        if time.monotonic() - taken_at >= CACHE_SECONDS:
+            check = _probe(connection)
+            cache.checks[identity] = (time.monotonic(), check)
+    return check
 
 
 def check_search() -> Check:
@@ -219,6 +270,7 @@ class ReportCache:
 @bp.record_once
 def _init(state) -> None:
     state.app.extensions["health_report"] = ReportCache()
+    state.app.extensions["connection_health"] = ReportCache()
 
 
 def report() -> dict[str, Check]:
@@ -232,13 +284,36 @@ def report() -> dict[str, Check]:
 
 
 def problems() -> list[str]:
-    """One plain sentence for each component that is down."""
-    return [PROBLEMS[name] for name, check in report().items() if not check.ok]
+    """One plain sentence for each component that is down, and for each connection of the signed-in person's
+    account that its agents use and that does not answer (the environment's is the "llm" component)."""
+    found = [PROBLEMS[name] for name, check in report().items() if not check.ok]
+    if current_user.is_authenticated:
+        for row in _added_connections_in_use(current_user.account_id):
+            if not (check := connection_check(row)).ok:
+                found.append(
+                    f"The connection {row.name} is not answering: its agents' replies wait until it is back "
+                    f"({check.detail})."
+                )
+    return found
+
+
+def model_problems(agents: list[Agent]) -> list[str]:
+    """A sentence for each of these agents whose connection does not answer (the chat page says so before
+    anyone writes to it)."""
+    found = []
+    for agent in agents:
+        connection = targets.connection_of(agent)
+        if not (check := connection_check(connection)).ok:
+            found.append(
+                f"{agent.name}'s model ({agent.model_id} at {connection.name}) is not answering: a message to "
+                f"{agent.name} waits until it is back ({check.detail})."
+            )
+    return found
 
 
 @bp.app_context_processor
 def _service_status():
-    return {"service_problems": problems}
+    return {"service_problems": problems, "model_problems": model_problems}
 
 
 @bp.get("/healthz")
@@ -250,6 +325,8 @@ def healthz() -> ResponseReturnValue:
     if current_user.is_authenticated and current_user.is_admin:
         checks["search"] = check_search()  # after the status: search still works by words alone
         checks["memory"] = check_memory()  # after the status too: an alarm stages changes, nothing is down
+        # each connection the account's agents use, by name: one that is down stops only its own agents
+        body["connections"] = {k: asdict(v) for k, v in connections_in_use(current_user.account_id).items()}
         body["checks"] = {k: asdict(v) for k, v in checks.items()}
     return jsonify(body), 200 if ok else 503
 
