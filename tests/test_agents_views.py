@@ -14,7 +14,7 @@ VALID = {"name": "Ada", "system_prompt": "You are Ada.", "model_id": "gpt-x", "c
 def test_create_an_agent(client, auth, admin):
     auth.login(admin)
     form = client.get("/agents/new").text
-    assert 'value="smollm2"' in form  # the configured default model
+    assert 'selected value="environment|smollm2"' in form  # the configured default model, at the environment's
     checked = re.findall(r'<input checked[^>]*name="enabled_tools"[^>]*value="(\w+)"', form)
     assert set(checked) == {"save_memory", "borrow_context", "recall"}  # memory is on for a new agent
     assert "Remember things" in form
@@ -44,7 +44,7 @@ def test_validation_errors_are_shown_on_the_form(client, auth, admin):
 
     assert response.status_code == 422
     assert "Another agent already has this name." in response.text
-    assert "This field is required." in response.text
+    assert "Pick a model of Runs here (bundled), or type its id." in response.text
     assert "Number must be between 100 and 200000." in response.text
     assert db.session.scalar(sa.select(sa.func.count()).select_from(Agent)) == 1
 

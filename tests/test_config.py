@@ -122,25 +122,27 @@ def test_every_numeric_setting_has_a_range(bare_env, tmp_path):
 
 
 def test_retry_waits_and_the_output_cap_come_from_the_environment(bare_env, tmp_path, monkeypatch):
+    from webapp.llm import targets
+
     for name in ("JOB_RETRY_SECONDS", "LLM_MAX_OUTPUT_TOKENS", "PROMPT_TOKEN_BUDGET"):
         monkeypatch.delenv(name, raising=False)
-    defaults = config.load(str(tmp_path))
-    monkeypatch.setenv("LLM_BASE_URL", "https://api.example.com/v1")
-    assert config.load(str(tmp_path))["LLM_MAX_OUTPUT_TOKENS"] is None  # another provider: its own limit
-    monkeypatch.delenv("LLM_BASE_URL")
+    monkeypatch.setenv("INSTANCE_PATH", str(tmp_path))
+    defaults = create_app({"SECRET_KEY": "x"})
     monkeypatch.setenv("JOB_RETRY_SECONDS", " 5, 30 ,0")
     monkeypatch.setenv("LLM_MAX_OUTPUT_TOKENS", "2000")
+    settings = create_app({"SECRET_KEY": "x"})
 
-    settings = config.load(str(tmp_path))
-
-    assert (defaults["JOB_RETRY_SECONDS"], defaults["LLM_MAX_OUTPUT_TOKENS"]) == (
-        [10, 60, 300],
-        config.LOCAL_MODEL_MAX_OUTPUT_TOKENS,
-    )  # the local model rambles: capped by default
-    assert (settings["JOB_RETRY_SECONDS"], settings["LLM_MAX_OUTPUT_TOKENS"]) == ([5, 30, 0], 2000)
-    # The local model's window keeps room for that answer: the default prompt budget is what is left.
-    assert settings["PROMPT_TOKEN_BUDGET"] == config.LOCAL_MODEL_CONTEXT_TOKENS - 2000
-    config.validate(settings)
+    assert defaults.config["JOB_RETRY_SECONDS"] == [10, 60, 300]
+    with defaults.app_context():  # the local model rambles: capped by default; a provider: its own limit
+        assert targets.for_environment("smollm2").max_output_tokens() == config.LOCAL_MODEL_MAX_OUTPUT_TOKENS
+        defaults.config["LOCAL_LLM"] = False
+        assert targets.for_environment("gpt-4o").max_output_tokens() is None
+    assert (settings.config["JOB_RETRY_SECONDS"], settings.config["LLM_MAX_OUTPUT_TOKENS"]) == (
+        [5, 30, 0],
+        2000,
+    )
+    with settings.app_context():  # the local model's window keeps room for that answer
+        assert targets.for_environment("smollm2").input_budget() == config.LOCAL_MODEL_CONTEXT_TOKENS - 2000
 
 
 @pytest.mark.parametrize(
@@ -194,31 +196,43 @@ def test_postgresql_plans_each_statement_for_its_own_parameters():
 
 def test_what_a_memory_job_reads_at_once_fits_the_local_models_window(bare_env, tmp_path, monkeypatch):
     """A 100k-token consolidation chunk or a 50k-token compaction request would overflow the local model's
-    8k window (its context error, retried for ever); another provider reads that much at once."""
-    local = config.load(str(tmp_path))
+    8k window (its context error, retried for ever); a provider that gives no window reads that much at once,
+    one that gives its window a third of it."""
+    from webapp.llm import targets
+
+    monkeypatch.setenv("INSTANCE_PATH", str(tmp_path))
+    app = create_app({"SECRET_KEY": "x"})
+    with app.app_context():
+        local = targets.for_environment("smollm2")
+        budget = local.input_budget()
+        for setting, cap in (
+            ("CONSOLIDATION_CHUNK_TOKENS", 100_000),
+            ("COMPACTION_MAX_INPUT_TOKENS", 50_000),
+        ):
+            worst_case = (
+                local.chunk_tokens(setting, cap) * 1.5 + budget / 3
+            )  # SmolLM2 tokens, with the memory list
+            assert worst_case < budget, setting
+            app.config["LOCAL_LLM"] = False
+            assert targets.for_environment("gpt-4o").chunk_tokens(setting, cap) == cap
+            app.config["LOCAL_LLM"] = True
+
+
+def test_a_worker_runs_several_jobs_at_once_and_the_local_model_answers_one(bare_env, tmp_path, monkeypatch):
+    """The local model answers one request at a time: a worker's threads take turns there (one request at a
+    time per process) while they ask a provider at once. A worker's database pool holds what all its threads
+    may use."""
+    from webapp.llm import targets
+
+    monkeypatch.setenv("INSTANCE_PATH", str(tmp_path))
+    local = create_app({"SECRET_KEY": "x"})
     monkeypatch.setenv("LLM_BASE_URL", "https://api.example.com/v1")
-    provider = config.load(str(tmp_path))
+    provider = create_app({"SECRET_KEY": "x"})
 
-    for name in ("CONSOLIDATION_CHUNK_TOKENS", "COMPACTION_MAX_INPUT_TOKENS"):
-        worst_case = (
-            local[name] * 1.5 + local["PROMPT_TOKEN_BUDGET"] / 3
-        )  # SmolLM2 tokens, with the memory list
-        assert worst_case < local["PROMPT_TOKEN_BUDGET"], name
-    assert (provider["CONSOLIDATION_CHUNK_TOKENS"], provider["COMPACTION_MAX_INPUT_TOKENS"]) == (
-        100_000,
-        50_000,
-    )
-
-
-def test_a_worker_runs_several_jobs_at_once_unless_the_local_model_answers_them(
-    bare_env, tmp_path, monkeypatch
-):
-    """The local model answers one request at a time: more threads would only wait there while their time
-    limits run. A provider answers many; a worker's database pool holds what all its threads may use."""
-    local = create_app({"SECRET_KEY": "x"}).config
-    monkeypatch.setenv("LLM_BASE_URL", "https://api.example.com/v1")
-    provider = create_app({"SECRET_KEY": "x"}).config
-
-    assert (local["WORKER_THREADS"], provider["WORKER_THREADS"]) == (1, 4)
-    pool = provider["SQLALCHEMY_ENGINE_OPTIONS"]["pool_size"]
-    assert pool >= 2 * provider["WORKER_THREADS"] + provider["CONSOLIDATION_CONCURRENCY"]
+    assert (local.config["WORKER_THREADS"], provider.config["WORKER_THREADS"]) == (4, 4)
+    with local.app_context():
+        assert targets.for_environment("smollm2").concurrency() == 1
+    with provider.app_context():
+        assert targets.for_environment("gpt-4o").concurrency() == 4
+    pool = provider.config["SQLALCHEMY_ENGINE_OPTIONS"]["pool_size"]
+    assert pool >= 2 * provider.config["WORKER_THREADS"] + provider.config["CONSOLIDATION_CONCURRENCY"]

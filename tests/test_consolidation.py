@@ -405,6 +405,7 @@ def test_agents_are_consolidated_concurrently(app, admin, fake_llm):
         factories.message(chat, "Hello all", author=admin)
     app.config["CONSOLIDATION_CONCURRENCY"] = 5
     app.config["LOCAL_LLM"] = False  # a provider: a model that runs here answers one request at a time
+    app.config["CONNECTION_CONCURRENCY"] = 5
     fake_llm.delay = 0.5
 
     started = time.monotonic()

@@ -11,14 +11,14 @@ from llama_cpp.llama_chat_format import chatml_function_calling
 from tests import factories
 from tests.querycount import count_queries
 from webapp import config
-from webapp.config import ConfigError
 from webapp.extensions import db
 from webapp.jobs.consolidation import consolidate_chat
 from webapp.jobs.refinement import refine_agent
 from webapp.jobs.reflection import reflect_agent
+from webapp.llm.targets import for_environment
 from webapp.models import AgentMemory
 from webapp.prompting.build import PromptTooLarge, build_prompt, fit_to_budget, prompt_tokens
-from webapp.prompting.window import answer_room, text_tokens
+from webapp.prompting.window import text_tokens
 from webapp.timeutil import utcnow
 from webapp.tokens import count_tokens
 from webapp.tools import ToolContext, reply_tools, schemas_for
@@ -67,7 +67,7 @@ def test_the_prompt_stays_within_the_memory_budget_with_10000_memories(app, chat
 
     section = _memory_section(prompt)
     assert count_tokens(section) <= 1500
-    assert prompt_tokens(prompt.messages) <= app.config["PROMPT_TOKEN_BUDGET"]
+    assert prompt_tokens(prompt.target, prompt.messages) <= prompt.target.input_budget()
     core = section.split("## Core memories (permanent)\n")[1].split("\n\n")[0].splitlines()
     assert (
         core[0] == "- Memory number 1: the user grows 1 kinds of roses by the old stone wall."
@@ -108,7 +108,8 @@ def test_fitting_drops_the_oldest_transcript_then_tool_results_then_refuses(app)
         {"role": "tool", "tool_call_id": "c1", "content": json.dumps({"results": ["x " * 800]})},
     ]  # fmt: skip
 
-    used = fit_to_budget(messages, budget=200)
+    target = for_environment("m")
+    used = fit_to_budget(target, messages, budget=200)
 
     assert used <= 200
     assert [m["content"] for m in messages if m["role"] == "user"] == ["newest question"]
@@ -116,7 +117,9 @@ def test_fitting_drops_the_oldest_transcript_then_tool_results_then_refuses(app)
     assert messages[2]["content"].startswith("(Earlier messages")
     with pytest.raises(PromptTooLarge):
         fit_to_budget(
-            [{"role": "system", "content": "word " * 300}, {"role": "user", "content": "hi"}], budget=100
+            target,
+            [{"role": "system", "content": "word " * 300}, {"role": "user", "content": "hi"}],
+            budget=100,
         )
 
 
@@ -155,7 +158,7 @@ def _as_the_local_server_sees_it(messages, tools) -> int:
     choice = {"type": "function", "function": {"name": tools[0]["function"]["name"]}}
     with pytest.raises(_Rendered) as rendered:
         chatml_function_calling(_RendersOnly(), messages=messages, tools=tools, tool_choice=choice)
-    return text_tokens(rendered.value.args[0])
+    return text_tokens(for_environment("smollm2"), rendered.value.args[0])
 
 
 @pytest.fixture
@@ -199,8 +202,10 @@ def test_with_the_local_defaults_a_huge_memory_and_a_long_chat_fit_the_local_win
 
     tools = schemas_for(reply_tools(ada))
     sent = _as_the_local_server_sees_it(prompt.messages, tools)
-    assert sent + answer_room() <= config.LOCAL_MODEL_CONTEXT_TOKENS
-    assert prompt_tokens(prompt.messages, tools) >= sent  # the check never counts less than the server sees
+    assert sent + prompt.target.answer_room() <= config.LOCAL_MODEL_CONTEXT_TOKENS
+    assert (
+        prompt_tokens(prompt.target, prompt.messages, tools) >= sent
+    )  # the check never counts less than the server sees
     assert "Message 299:" in prompt.messages[-2]["content"]  # the newest message is always there
     context = prompt.messages[-1]["content"]
     assert "# Your memory" in context and "did not fit here" in context
@@ -215,43 +220,41 @@ def test_the_check_counts_the_tool_schemas_sent_with_the_messages(app):
         {"role": "user", "content": "newest question"},
         {"role": "system", "content": "# Now"},
     ]
-    without_tools = prompt_tokens(messages)
-    assert prompt_tokens(messages, tools) > without_tools
+    target = for_environment("m")
+    without_tools = prompt_tokens(target, messages)
+    assert prompt_tokens(target, messages, tools) > without_tools
 
-    used = fit_to_budget(messages, tools, budget=without_tools)
+    used = fit_to_budget(target, messages, tools, budget=without_tools)
 
     assert used <= without_tools
     assert [m["content"] for m in messages if m["role"] == "user"] == ["newest question"]
 
 
-def test_the_default_budget_fits_the_local_models_window_and_a_setting_still_wins(monkeypatch, tmp_path):
-    for name in ("LLM_BASE_URL", "PROMPT_TOKEN_BUDGET"):
-        monkeypatch.delenv(name, raising=False)
-    local = config.load(str(tmp_path))
-    monkeypatch.setenv("LLM_BASE_URL", "https://llm.example.test/v1")
-    provider = config.load(str(tmp_path))
-    monkeypatch.setenv("PROMPT_TOKEN_BUDGET", "50000")
-    chosen = config.load(str(tmp_path))
+def test_the_default_budget_fits_the_local_models_window_and_a_setting_still_wins(app):
+    """The budget follows the model in use (webapp.llm.targets): the local window less the answer's room, 24,000
+    with a provider that gives no window, PROMPT_TOKEN_BUDGET when set, and never past a known window."""
+    app.config.update(PROMPT_TOKEN_BUDGET=None, LLM_MAX_OUTPUT_TOKENS=None, LOCAL_LLM=True)
+    local = for_environment("smollm2").input_budget()
+    app.config["LOCAL_LLM"] = False
+    provider = for_environment("gpt-4o-mini").input_budget()
+    app.config["PROMPT_TOKEN_BUDGET"] = 50_000
+    chosen = for_environment("gpt-4o-mini").input_budget()
 
-    assert local["PROMPT_TOKEN_BUDGET"] == config.LOCAL_MODEL_CONTEXT_TOKENS - config.ANSWER_RESERVE_TOKENS
-    assert provider["PROMPT_TOKEN_BUDGET"] == 24_000 and chosen["PROMPT_TOKEN_BUDGET"] == 50_000
-    config.validate(local)
-    config.validate(chosen)  # another provider's window is its own business
+    assert local == config.LOCAL_MODEL_CONTEXT_TOKENS - config.ANSWER_RESERVE_TOKENS
+    assert provider == 24_000 and chosen == 50_000
 
 
 @pytest.mark.parametrize(
-    ("settings", "message"),
+    ("settings", "budget"),
     [
-        ({"PROMPT_TOKEN_BUDGET": 8192}, "at most 7168: its window holds 8192 tokens, 1024 of them kept for"),
-        ({"PROMPT_TOKEN_BUDGET": 7000, "LLM_MAX_OUTPUT_TOKENS": 2000}, "at most 6192"),
+        ({"PROMPT_TOKEN_BUDGET": 8192}, 7168),
+        ({"PROMPT_TOKEN_BUDGET": 7000, "LLM_MAX_OUTPUT_TOKENS": 2000}, 6192),
     ],
 )
-def test_a_local_budget_that_leaves_the_answer_no_room_is_refused(monkeypatch, tmp_path, settings, message):
-    for name in ("LLM_BASE_URL", "PROMPT_TOKEN_BUDGET"):
-        monkeypatch.delenv(name, raising=False)
+def test_a_budget_past_the_local_window_leaves_the_answer_its_room(app, settings, budget):
+    app.config.update({"LOCAL_LLM": True, "LLM_MAX_OUTPUT_TOKENS": None, **settings})
 
-    with pytest.raises(ConfigError, match=message):
-        config.validate({**config.load(str(tmp_path)), **settings})
+    assert for_environment("smollm2").input_budget() == budget
 
 
 # Extraction (14.3)
@@ -346,6 +349,7 @@ def test_refinement_pages_read_earlier_give_way_so_no_turn_outgrows_the_budget(a
     refine_agent(ada.id, force=True)
 
     assert len(fake_llm.requests) == 5
-    assert all(prompt_tokens(r["messages"], r.get("tools")) <= 2500 for r in fake_llm.requests)
+    target = for_environment("m")
+    assert all(prompt_tokens(target, r["messages"], r.get("tools")) <= 2500 for r in fake_llm.requests)
     results = [m["content"] for m in fake_llm.requests[-1]["messages"] if m["role"] == "tool"]
     assert "removed" in results[0] and json.loads(results[-1])["page"] == 5  # the newest page is whole

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from flask import current_app
 
 from webapp import config
+from webapp.extensions import db
 from webapp.models import Account, Agent
 from webapp.models.connections import (
     ENVIRONMENT,
@@ -71,9 +72,14 @@ class ModelTarget:
 
     def chunk_tokens(self, setting: str, cap: int) -> int:
         """What one memory-job request reads (CONSOLIDATION_CHUNK_TOKENS, COMPACTION_MAX_INPUT_TOKENS): the
-        setting when set, else a third of the input budget (beside its instructions and the memory it lists, a
-        third at most), up to cap."""
-        return current_app.config.get(setting) or min(cap, max(self.input_budget() // 3, 1))
+        setting when set, else a third of what the model's window leaves once the answer has its room (beside
+        its instructions and the memory it lists, a third of the input at most, and room for a tokenizer that
+        counts half as much again), up to cap; cap when the window is unknown."""
+        if setting_value := current_app.config.get(setting):
+            return setting_value
+        if not self.context_tokens:
+            return cap
+        return min(cap, max((self.context_tokens - self.answer_room()) // 3, 1))
 
     def concurrency(self) -> int:
         """Requests one worker process sends to this connection at once."""
@@ -100,8 +106,6 @@ def local_models() -> list[dict]:
 def connection_in(account_id: int, key: str | int | None) -> AnyConnection | None:
     """The connection of this ref in the account ("environment" or empty: the environment's; else a row's id),
     or None when the account has no such connection."""
-    from webapp.extensions import db
-
     if key in (None, "", ENVIRONMENT):
         return environment_connection()
     try:

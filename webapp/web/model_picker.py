@@ -53,8 +53,8 @@ def groups(account_id: int) -> list[Group]:
 
 def pick(account_id: int, picked: str | None, typed: str | None) -> Picked:
     """The connection and model of a picker's value and its text field (a typed id wins over the "another
-    model" option); NotListed when the connection lists models and not this one, or names no connection of the
-    account."""
+    model" option); NotListed when a connection added in the app lists models and not this one, or it names
+    no connection of the account (the environment's provider takes any id, as before connections)."""
     key, _, model = (picked or "").partition("|")
     connection = targets.connection_in(account_id, key)
     if connection is None:
@@ -62,7 +62,8 @@ def pick(account_id: int, picked: str | None, typed: str | None) -> Picked:
     model = (typed or "").strip() or model.strip()
     if not model:
         raise NotListed(f"Pick a model of {connection.name}, or type its id.")
-    listed = connection.model_ids if connection.id else _environment_models(connection)
+    # The environment's provider takes any id, as before connections (its list is a suggestion).
+    listed = connection.model_ids if connection.id else []
     if listed and model not in listed:
         raise NotListed(
             f"{connection.name} does not list the model '{model}': pick one of its {len(listed)} models, or "
