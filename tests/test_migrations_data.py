@@ -101,3 +101,65 @@ def test_upgrading_keeps_every_chat_readable_by_the_account_and_gives_each_agent
     engine.dispose()
     assert slugs == {1: "ada", 2: "ada-2", 3: "zoe", 4: "agent", 5: "ada"}
     assert [tuple(c) for c in chats] == [(3, "shared", "web", None), (4, "shared", "web", None)]
+
+
+def test_an_agent_of_an_install_before_connections_answers_through_the_environments_provider(
+    tmp_path, fake_llm
+):
+    """Upgrading adds connections without moving data: an agent made before them has none, which is the
+    environment's provider (LLM_BASE_URL and LLM_API_KEY, read from the settings), so it answers as before."""
+    import fakeredis
+    from rq import Queue
+
+    from tests.conftest import _settings
+    from webapp.extensions import db
+    from webapp.factory import create_app
+    from webapp.jobs.replies import request_replies, respond
+    from webapp.llm import targets
+    from webapp.models import Agent, Chat, Message
+
+    url = _empty_database(tmp_path)
+    env = {"DATABASE_URL": url}
+    assert flask("db", "upgrade", "b7d9f1a3c5e7", env=env).returncode == 0
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(sa.text(ROWS[0]))
+        conn.execute(
+            sa.text(
+                "INSERT INTO agents (id, account_id, name, slug, system_prompt, model_id, enabled_tools, "
+                "core_token_budget, paused, consolidates_direct_chats, members_see_memory, background_changes, "
+                "created_at, updated_at) VALUES (5, 1, 'Ada', 'ada', '', 'ada-model', '[]', 5000, false, true, "
+                "'prompt', 'automatic', '2026-01-01', '2026-01-01')"
+            )
+        )
+        conn.execute(
+            sa.text(
+                "INSERT INTO chats (id, account_id, title, manual_responses, memory_doc, visibility, source, "
+                "created_at, updated_at, last_message_at) VALUES (3, 1, 'Old', false, '', 'shared', 'web', "
+                "'2026-01-01', '2026-01-01', '2026-01-01')"
+            )
+        )
+        conn.execute(
+            sa.text("INSERT INTO chat_agents (chat_id, agent_id, created_at) VALUES (3, 5, '2026-01-01')")
+        )
+    engine.dispose()
+
+    assert flask("db", "upgrade", env=env).returncode == 0
+
+    app = create_app(_settings(url, fake_llm.base_url))
+    redis = fakeredis.FakeRedis()
+    app.extensions.update(redis=redis, rq_queue=Queue(app.config["RQ_QUEUE"], connection=redis))
+    with app.app_context():
+        chat, ada = db.session.get(Chat, 3), db.session.get(Agent, 5)
+        assert ada.connection_id is None and targets.for_agent(ada).base_url == fake_llm.base_url
+        chat.add_message(role="user", content="Still there?", status="done")
+        db.session.commit()
+        fake_llm.reply("Yes, as before.")
+        [reply] = request_replies(chat, [ada])
+        db.session.commit()
+        respond([reply.id])
+        assert db.session.get(Message, reply.id).content == "Yes, as before."
+        assert fake_llm.requests[-1]["model"] == "ada-model"
+        assert fake_llm.headers[-1]["authorization"] == "Bearer local"
+        db.session.remove()
+        db.engine.dispose()
