@@ -43,10 +43,11 @@ from rq.executions import Execution
 from rq.job import Job
 from rq.timeouts import TimerDeathPenalty
 
-from webapp import config, jobs, prompting, tokens
+from webapp import config, jobs, llm, prompting, tokens
 from webapp.extensions import db
 from webapp.factory import create_app
 from webapp.jobs.queue import redis_connection, sweep_forever, wait_for_redis, worker_queues
+from webapp.llm import targets
 from webapp.runtime import set_loaded_aside
 from webapp.web.health import WORKER_TTL_SECONDS
 
@@ -199,7 +200,8 @@ def preload(app: Flask) -> None:
     tokens.encoder()
     jobs.load_all()
     prompting.compile_all()
-    _ = app.extensions["llm_client"].chat.completions  # the openai SDK imports its resources on first use
+    with app.app_context():  # the openai SDK imports its resources on first use (a client, kept, made here)
+        _ = llm.client_for(targets.for_environment(app.config["DEFAULT_MODEL_ID"])).chat.completions
     for response_type in (ChatCompletion, ChatCompletionChunk):  # pydantic builds validators on first use
         response_type.model_rebuild(force=True)
     sa.orm.configure_mappers()

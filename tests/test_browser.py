@@ -23,7 +23,7 @@ def test_a_group_chat_reply_streams_into_the_page(page, live_server, worker_proc
     page.get_by_role("link", name="New agent").click()
     page.get_by_label("Name").fill("Ada")
     page.get_by_label("System prompt").fill("You are Ada, a gardener.")
-    page.get_by_label("Model").fill("ada-model")
+    page.get_by_label("Or type a model id").fill("ada-model")
     expect(page.get_by_label("Remember things", exact=False)).to_be_checked()  # memory is on by default
     page.get_by_role("button", name="Save agent").click()
     expect(page.get_by_role("heading", name="New chat")).to_be_visible()  # the next step after a new agent

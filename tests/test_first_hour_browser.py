@@ -81,7 +81,7 @@ def test_the_first_hour(page, size, live_server, worker_process, fake_llm):
     tap(page.get_by_role("link", name="Create your first agent"))
     page.get_by_label("Name").fill("Ada")
     page.get_by_label("System prompt").fill("You are Ada, a travel planner.")
-    page.get_by_label("Model").fill("ada-model")
+    page.get_by_label("Or type a model id").fill("ada-model")
     expect(page.get_by_label("Remember things", exact=False)).to_be_checked()
     check_page(page, size, "03-new-agent")
     tap(page.get_by_role("button", name="Save agent"))
