@@ -1,6 +1,7 @@
 """Fixtures: an app per test (SQLite, or PostgreSQL with TEST_DATABASE_URL), fakeredis, a fake model server."""
 
 import contextlib
+import ipaddress
 import os
 import shutil
 import signal
@@ -84,6 +85,43 @@ def _database_for_test(template_url: str, tmp_path) -> str:
     path = tmp_path / "cairn.db"
     shutil.copy(template_url.removeprefix("sqlite:///"), path)
     return f"sqlite:///{path}"
+
+
+def _on_this_machine(host) -> bool:
+    if host in (None, "localhost", b"localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.decode() if isinstance(host, bytes) else host).is_loopback
+    except ValueError:
+        return False
+
+
+@pytest.fixture
+def offline(monkeypatch):
+    """Fails the test on any attempt to reach another machine (the fake model server and PostgreSQL are on
+    this one) and on any start of genai-prices' UpdatePrices, its one part that downloads. Yields the tries."""
+    import genai_prices
+
+    attempts = []
+
+    def refuse(what, target):
+        attempts.append((what, target))
+        raise OSError(f"no network in this test: {what} {target!r}")
+
+    real_getaddrinfo, real_connect = socket.getaddrinfo, socket.socket.connect
+
+    def getaddrinfo(host, *args, **kwargs):
+        return real_getaddrinfo(host, *args, **kwargs) if _on_this_machine(host) else refuse("resolve", host)
+
+    def connect(sock, address):
+        here = not isinstance(address, tuple) or _on_this_machine(address[0])  # a unix socket is here too
+        return real_connect(sock, address) if here else refuse("connect", address)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    monkeypatch.setattr(socket.socket, "connect", connect)
+    monkeypatch.setattr(genai_prices.UpdatePrices, "start", lambda *a, **k: refuse("start", "UpdatePrices"))
+    yield attempts
+    assert attempts == []
 
 
 @pytest.fixture

@@ -6,11 +6,13 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from genai_prices import Usage, calc_price
 
 import webapp.admin
 from tests import factories
 from tests.conftest import ARTIFACTS
 from tests.querycount import count_queries
+from webapp.admin.usage import _usd
 from webapp.extensions import db
 from webapp.jobs.queue import rq_queue
 from webapp.models import JobRun, LlmCall
@@ -68,6 +70,22 @@ def test_a_run_shows_status_duration_tokens_and_error(client, signed_in, ada, st
     assert "2,000 / 50" in row
     assert "HTTP 400: context too long" in row
     assert "Run again" in row
+
+
+def test_a_runs_cost_comes_from_genai_prices_unless_no_price_is_known(app, client, signed_in, ada):
+    # Not the fake model server, whose loopback URL would make every model free.
+    app.config["LLM_BASE_URL"] = "https://api.openai.com/v1"
+    priced, unknown = factories.job_run(signed_in.account), factories.job_run(signed_in.account)
+    factories.llm_call(
+        ada, job_run_id=priced.id, model="gpt-4o-mini", prompt_tokens=90_000, completion_tokens=8_000
+    )
+    factories.llm_call(ada, job_run_id=unknown.id, prompt_tokens=800, completion_tokens=20)
+
+    html = _runs_fragment(client)
+
+    found = calc_price(Usage(input_tokens=90_000, output_tokens=8_000), "gpt-4o-mini", provider_id="openai")
+    assert f">{_usd(float(found.total_price))}</span>" in _row(html, priced)
+    assert "no price known" in _row(html, unknown)
 
 
 def _runs_fragment(client) -> str:

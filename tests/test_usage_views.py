@@ -4,14 +4,16 @@ import re
 from datetime import datetime, timedelta
 from html.parser import HTMLParser
 
+import genai_prices
 import pytest
 import sqlalchemy as sa
 import time_machine
+from genai_prices import Usage, calc_price
 from sqlalchemy.dialects import postgresql, sqlite
 
 from tests import factories
 from tests.querycount import count_queries
-from webapp.admin.usage import CalendarDay
+from webapp.admin.usage import CalendarDay, _usd
 from webapp.extensions import db
 from webapp.models import LlmCall
 
@@ -22,6 +24,13 @@ NOW = datetime(2025, 5, 10, 12, 0)
 def _frozen_clock():
     with time_machine.travel("2025-05-10 12:00:00Z", tick=False):
         yield
+
+
+@pytest.fixture(autouse=True)
+def _a_provider_without_a_price_list(app):
+    """The fake model server is on loopback, where every model runs for free: say the calls went to a provider
+    genai-prices does not know, so the test models ("ada-model") have no price unless a test gives one."""
+    app.config["LLM_BASE_URL"] = "https://llm.example.com/v1"
 
 
 @pytest.fixture
@@ -107,21 +116,21 @@ def test_tokens_by_agent_purpose_model_and_day(client, auth, admin, ledger):
     html = client.get("/admin/usage?days=7").text
 
     assert _table(html, "usage-by-agent") == [
-        ["Agent", "Input", "Output", "Calls"],
-        ["Ada", "1,000,500", "200,100", "2"],
-        ["Basil", "300", "30", "2 (1 failed)"],
-        ["Total", "1,000,800", "200,130", "4 (1 failed)"],
+        ["Agent", "Input", "Output", "Calls", "Cost"],
+        ["Ada", "1,000,500", "200,100", "2", "no price known"],
+        ["Basil", "300", "30", "2 (1 failed)", "no price known"],
+        ["Total", "1,000,800", "200,130", "4 (1 failed)", "no price known"],
     ]
-    assert _table(html, "usage-by-purpose")[1:3] == [
+    assert [row[:4] for row in _table(html, "usage-by-purpose")[1:3]] == [
         ["reply", "1,000,300", "200,030", "3 (1 failed)"],
         ["extract", "500", "100", "1"],
     ]
-    assert _table(html, "usage-by-model")[1:3] == [
+    assert [row[:4] for row in _table(html, "usage-by-model")[1:3]] == [
         ["ada-model", "1,000,500", "200,100", "2"],
         ["basil-model", "300", "30", "2 (1 failed)"],
     ]
     # 23:59:59 on the 8th stays on the 8th: days are cut in SQL, at midnight UTC.
-    assert _table(html, "usage-by-day")[1:4] == [
+    assert [row[:4] for row in _table(html, "usage-by-day")[1:4]] == [
         ["2025-05-08", "300", "30", "1"],
         ["2025-05-09", "500", "100", "1"],
         ["2025-05-10", "1,000,000", "200,000", "2 (1 failed)"],
@@ -137,9 +146,9 @@ def test_the_daily_figures_are_visible_without_hovering(client, auth, admin, led
     visible = re.sub(r"<title>.*?</title>|<details.*?</details>", "", html, flags=re.S)
     visible = re.sub(r'\stitle="[^"]*"', "", visible)
     assert _table(visible, "usage-by-day")[1:4] == [
-        ["2025-05-08", "300", "30", "1"],
-        ["2025-05-09", "500", "100", "1"],
-        ["2025-05-10", "1,000,000", "200,000", "2 (1 failed)"],
+        ["2025-05-08", "300", "30", "1", "no price known"],
+        ["2025-05-09", "500", "100", "1", "no price known"],
+        ["2025-05-10", "1,000,000", "200,000", "2 (1 failed)", "no price known"],
     ]
     assert "hover" not in visible
 
@@ -188,19 +197,90 @@ def test_prices_turn_tokens_into_dollars(app, client, auth, admin, ledger):
 
     assert by_agent[0][-1] == "Cost"
     assert by_agent[1][-1] == "$6.00"  # 1,000,500 × $3 + 200,100 × $15, per million: 3.0015 + 3.0015
-    assert by_agent[2][-1] == "—"  # basil-model has no price
+    assert by_agent[2][-1] == "no price known"  # basil-model is in neither MODEL_PRICES nor genai-prices
     assert by_agent[3][-1] == "$6.00*"  # the total leaves out the calls without a price, and says so
     assert "2 calls to models without a price are not counted" in html
     assert _table(html, "usage-by-purpose")[2][-1] == "$0.0030"  # extract: 500 × $3 + 100 × $15 per million
+    assert "basil-model." in html  # the footnote names the models left out
 
 
-def test_without_prices_there_is_no_cost_column(client, auth, admin, ledger):
+def _genai_dollars(model: str, input_tokens: int, output_tokens: int, **provider) -> str:
+    """What genai-prices itself says these tokens cost, as the page writes dollars."""
+    found = calc_price(Usage(input_tokens=input_tokens, output_tokens=output_tokens), model, **provider)
+    return _usd(float(found.total_price))
+
+
+@pytest.fixture
+def known_models(ada, basil):
+    """Calls to models genai-prices knows, by OpenAI's id and by OpenRouter's, and to one nobody prices."""
+    factories.llm_call(
+        ada, model="gpt-4o-mini", prompt_tokens=150_000, completion_tokens=20_000, created_at=NOW
+    )
+    factories.llm_call(
+        ada, model="openai/gpt-4o", prompt_tokens=40_000, completion_tokens=5_000, created_at=NOW
+    )
+    factories.llm_call(basil, prompt_tokens=300, completion_tokens=30, created_at=NOW)
+
+
+def test_known_models_show_dollars_with_no_configuration(app, client, auth, admin, known_models):
+    assert app.config["MODEL_PRICES"] == {}
+    auth.login(admin)
+
+    by_model = _table(client.get("/admin/usage").text, "usage-by-model")
+
+    assert by_model[1] == [
+        "gpt-4o-mini",
+        "150,000",
+        "20,000",
+        "1",
+        _genai_dollars("gpt-4o-mini", 150_000, 20_000),
+    ]
+    assert by_model[2][0] == "openai/gpt-4o"
+    assert by_model[2][-1] == _genai_dollars("openai/gpt-4o", 40_000, 5_000, provider_id="openrouter")
+    assert by_model[3] == ["basil-model", "300", "30", "1", "no price known"]
+    assert by_model[1][-1] not in ("$0.00", "no price known")
+
+
+def test_the_provider_url_decides_whose_price_a_model_has(app, client, auth, admin, known_models):
+    app.config["LLM_BASE_URL"] = "https://openrouter.ai/api/v1"
+    auth.login(admin)
+
+    by_model = _table(client.get("/admin/usage").text, "usage-by-model")
+
+    url = {"provider_api_url": "https://openrouter.ai/api/v1"}
+    assert by_model[2][-1] == _genai_dollars("openai/gpt-4o", 40_000, 5_000, **url)
+
+
+def test_model_prices_override_genai_prices(app, client, auth, admin, known_models):
+    app.config["MODEL_PRICES"] = {"gpt-4o-mini": {"input": 10, "output": 100}}
+    auth.login(admin)
+
+    by_model = _table(client.get("/admin/usage").text, "usage-by-model")
+
+    assert by_model[1][-1] == "$3.50"  # 150,000 × $10 + 20,000 × $100, per million: 1.50 + 2.00
+
+
+def test_models_that_run_here_cost_nothing_and_say_so(app, client, auth, admin, ada):
+    factories.llm_call(ada, model="smollm2", prompt_tokens=5_000, completion_tokens=500, created_at=NOW)
     auth.login(admin)
 
     html = client.get("/admin/usage").text
 
-    assert "Cost" not in _table(html, "usage-by-agent")[0]
-    assert "MODEL_PRICES" in html
+    assert _table(html, "usage-by-model")[1][-1] == "$0 (runs here)"
+    assert "no price known" not in html
+
+
+def test_prices_are_looked_up_without_the_network(client, auth, admin, known_models, offline):
+    from webapp.llm import prices
+
+    prices._listed_price.cache_clear()  # so this request looks the models up in genai-prices' table
+    auth.login(admin)
+
+    by_model = _table(client.get("/admin/usage").text, "usage-by-model")
+
+    assert by_model[1][-1] == _genai_dollars("gpt-4o-mini", 150_000, 20_000)
+    assert offline == []  # no attempt to reach another machine, nor to start genai-prices' updater
+    assert not genai_prices.data_snapshot.get_snapshot().from_auto_update
 
 
 def test_each_account_sees_only_its_own_agents_calls(client, auth, stranger, ledger):
@@ -209,8 +289,8 @@ def test_each_account_sees_only_its_own_agents_calls(client, auth, stranger, led
     html = client.get("/admin/usage").text
 
     assert _table(html, "usage-by-agent")[1:] == [
-        ["Mallory", "88,888", "8,888", "1"],
-        ["Total", "88,888", "8,888", "1"],
+        ["Mallory", "88,888", "8,888", "1", "no price known"],
+        ["Total", "88,888", "8,888", "1", "no price known"],
     ]
     assert "Ada" not in html and "99,999" not in html  # nor calls without an agent
 

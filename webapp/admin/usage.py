@@ -2,7 +2,7 @@
 
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date, datetime, time, timedelta
 from math import floor, log10
 from typing import Any
@@ -19,6 +19,7 @@ from webapp.admin.common import answer, bp
 from webapp.admin.run_words import worked_on
 from webapp.extensions import db
 from webapp.jobs.queue import JOB_TYPES, enqueue
+from webapp.llm.prices import RUNS_HERE, Price, price_of
 from webapp.models import Agent, JobRun, LlmCall
 from webapp.models.runs import JOB_RUN_STATUSES
 from webapp.timeutil import utcnow
@@ -54,7 +55,7 @@ def _calendar_day_sqlite(element, compiler, **kw) -> str:
 
 @dataclass
 class Usage:
-    """Tokens, calls and dollars of a group of LLM calls; calls to a model without a price add no dollars."""
+    """Tokens, calls and dollars of a group of LLM calls; calls to a model with no price known add none."""
 
     input_tokens: int = 0
     output_tokens: int = 0
@@ -62,6 +63,7 @@ class Usage:
     errors: int = 0
     cost: float = 0.0
     unpriced_calls: int = 0
+    sources: set[str] = field(default_factory=set)  # where the prices came from (webapp.llm.prices)
 
     @property
     def tokens(self) -> int:
@@ -69,21 +71,25 @@ class Usage:
 
     @property
     def priced(self) -> bool:
-        """True when at least some of these calls have a price (else the cost shows as "—")."""
+        """True when at least some of these calls have a price (else the cost shows as "no price known")."""
         return self.unpriced_calls < self.calls
 
-    def add(self, row: sa.Row, prices: dict[str, dict[str, float]]) -> None:
-        """Add one grouped row of the ledger (per model)."""
+    @property
+    def runs_here(self) -> bool:
+        """True when every priced call went to a model on this machine (the cost reads "$0 (runs here)")."""
+        return self.sources == {RUNS_HERE}
+
+    def add(self, row: sa.Row, price: Price | None) -> None:
+        """Add one grouped row of the ledger (per model) at its model's price."""
         self.input_tokens += row.input_tokens or 0
         self.output_tokens += row.output_tokens or 0
         self.calls += row.calls
         self.errors += row.errors or 0
-        price = prices.get(row.model)
         if price is None:
             self.unpriced_calls += row.calls
             return
-        input_cost = (row.input_tokens or 0) * float(price.get("input", 0))
-        self.cost += (input_cost + (row.output_tokens or 0) * float(price.get("output", 0))) / 1_000_000
+        self.sources.add(price.source)
+        self.cost += price.dollars(row.input_tokens or 0, row.output_tokens or 0)
 
 
 def _account_agent_ids() -> sa.Select:
@@ -109,11 +115,12 @@ def _grouped(keys: Iterable[Any], *conditions: Any) -> list[sa.Row]:
 
 
 def _fold(rows: Iterable[sa.Row], key: Callable[[sa.Row], Any]) -> dict[Any, Usage]:
-    """Per-model rows summed by key, with dollars from MODEL_PRICES."""
-    prices = current_app.config["MODEL_PRICES"]
+    """Per-model rows summed by key, with dollars for the models whose price is known."""
+    # The ledger does not say which server answered a call: Cairn has one, at LLM_BASE_URL.
+    provider_url = current_app.config["LLM_BASE_URL"]
     folded: dict[Any, Usage] = defaultdict(Usage)
     for row in rows:
-        folded[key(row)].add(row, prices)
+        folded[key(row)].add(row, price_of(row.model, provider_url=provider_url))
     return dict(folded)
 
 
