@@ -14,7 +14,9 @@ VALID = {"name": "Ada", "system_prompt": "You are Ada.", "model_id": "gpt-x", "c
 def test_create_an_agent(client, auth, admin):
     auth.login(admin)
     form = client.get("/agents/new").text
-    assert 'selected value="environment|smollm2"' in form  # the configured default model, at the environment's
+    assert (
+        'selected value="environment|smollm2"' in form
+    )  # the configured default model, at the environment's
     checked = re.findall(r'<input checked[^>]*name="enabled_tools"[^>]*value="(\w+)"', form)
     assert set(checked) == {"save_memory", "borrow_context", "recall"}  # memory is on for a new agent
     assert "Remember things" in form

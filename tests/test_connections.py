@@ -440,3 +440,25 @@ def test_an_existing_agent_keeps_the_environments_provider(admin, fake_llm):
         db.session.scalar(sa.select(AgentMemory.id)) is None
         and db.session.scalar(sa.select(Message.status).where(Message.id == reply.id)) == "done"
     )
+
+
+def test_the_usage_page_prices_each_call_at_the_connection_that_answered_it(
+    admin, client, signed_in, router, ollama
+):
+    """A price an admin set on a connection wins; a model of an Ollama on this machine costs nothing; the same
+    model id elsewhere has the price of wherever it was served."""
+    from tests.test_usage_views import _table
+
+    router.model_settings = {
+        "meta-llama/llama-3.3-70b": {"input": 2.0, "output": 10.0, "context_tokens": 9000}
+    }
+    db.session.commit()
+    ada = factories.agent(admin.account, "Ada", connection_id=router.id, model_id="meta-llama/llama-3.3-70b")
+    bob = factories.agent(admin.account, "Bob", connection_id=ollama.id, model_id="llama3.2:3b")
+    factories.llm_call(ada, connection_id=router.id, prompt_tokens=1_000_000, completion_tokens=100_000)
+    factories.llm_call(bob, connection_id=ollama.id, prompt_tokens=5_000, completion_tokens=500)
+
+    by_agent = {row[0]: row[-1] for row in _table(client.get("/admin/usage").text, "usage-by-agent")[1:]}
+
+    assert by_agent["Ada"] == "$3.00"  # 1M × $2 + 100k × $10, per million
+    assert by_agent["Bob"].startswith("$0")  # runs on this machine

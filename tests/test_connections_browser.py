@@ -26,7 +26,7 @@ def provider():
 
 def test_an_admin_connects_a_provider_and_an_agent_answers_from_it(
     page,
-    size,
+    size,  # noqa: F811
     live_server,
     worker_process,
     provider,

@@ -335,7 +335,7 @@ def test_the_page_runs_the_same_queries_for_10_or_1000_runs(client, signed_in, a
         return counted.count
 
     # runs, calls, the filters; messages, chats and agents named; the navigation's proposals to review
-    assert queries(10) == queries(1000) <= 8
+    assert queries(10) == queries(1000) <= 9  # one of them: the status line asks which connections are in use
 
 
 def test_the_admin_pages_ask_whether_htmx_sent_a_post_in_one_place():

@@ -8,7 +8,7 @@ from math import floor, log10
 from typing import Any
 
 import sqlalchemy as sa
-from flask import abort, current_app, request, url_for
+from flask import abort, request, url_for
 from flask.typing import ResponseReturnValue
 from flask_login import current_user
 from sqlalchemy.ext.compiler import compiles
@@ -19,8 +19,10 @@ from webapp.admin.common import answer, bp
 from webapp.admin.run_words import worked_on
 from webapp.extensions import db
 from webapp.jobs.queue import JOB_TYPES, enqueue
+from webapp.llm import targets
 from webapp.llm.prices import RUNS_HERE, Price, price_of
 from webapp.models import Agent, JobRun, LlmCall
+from webapp.models.connections import account_connections
 from webapp.models.runs import JOB_RUN_STATUSES
 from webapp.timeutil import utcnow
 from webapp.web.auth import admin_required
@@ -102,6 +104,7 @@ def _grouped(keys: Iterable[Any], *conditions: Any) -> list[sa.Row]:
         sa.select(
             *keys,
             LlmCall.model,
+            LlmCall.connection_id,
             sa.func.sum(LlmCall.prompt_tokens).label("input_tokens"),
             sa.func.sum(LlmCall.completion_tokens).label("output_tokens"),
             sa.func.count().label("calls"),
@@ -109,19 +112,39 @@ def _grouped(keys: Iterable[Any], *conditions: Any) -> list[sa.Row]:
         )
         # IN rather than a join: SQLite would otherwise walk every call of every agent to find a few runs' calls.
         .where(LlmCall.agent_id.in_(_account_agent_ids()), *conditions)
-        .group_by(*keys, LlmCall.model)
+        .group_by(*keys, LlmCall.model, LlmCall.connection_id)
     )
     return db.session.execute(query).all()
 
 
-def _fold(rows: Iterable[sa.Row], key: Callable[[sa.Row], Any]) -> dict[Any, Usage]:
-    """Per-model rows summed by key, with dollars for the models whose price is known."""
-    # The ledger does not say which server answered a call: Cairn has one, at LLM_BASE_URL.
-    provider_url = current_app.config["LLM_BASE_URL"]
+def _fold(rows: Iterable[sa.Row], key: Callable[[sa.Row], Any], pricing: "Pricing") -> dict[Any, Usage]:
+    """Per-model rows summed by key, with dollars for the models whose price is known at the connection that
+    answered each call."""
     folded: dict[Any, Usage] = defaultdict(Usage)
     for row in rows:
-        folded[key(row)].add(row, price_of(row.model, provider_url=provider_url))
+        url, overrides = pricing.get(
+            row.connection_id, pricing[None]
+        )  # a removed connection: the environment's
+        folded[key(row)].add(row, price_of(row.model, provider_url=url, overrides=overrides))
     return dict(folded)
+
+
+Pricing = dict[int | None, tuple[str, dict[str, dict[str, float]]]]
+
+
+def _pricing(rows: list[sa.Row]) -> Pricing:
+    """The address and the prices an admin set of each connection these rows' calls went to, by its id (None:
+    the environment's, whose calls are every call made before connections too); one query, when any went to a
+    connection an admin added."""
+    pricing: Pricing = {None: (targets.environment_connection().base_url, {})}
+    if all(row.connection_id is None for row in rows):
+        return pricing
+    for row in account_connections(current_user.account_id):
+        prices = {
+            model: s for model, s in (row.model_settings or {}).items() if "input" in s or "output" in s
+        }
+        pricing[row.id] = (row.base_url, prices)
+    return pricing
 
 
 def _largest_first(usage: dict[Any, Usage]) -> list[tuple[Any, Usage]]:
@@ -132,18 +155,20 @@ def _report(days: int) -> dict[str, Any]:
     """Everything the usage page shows for the last `days` days (today included), in four queries."""
     first = utcnow().date() - timedelta(days=days - 1)
     since = LlmCall.created_at >= datetime.combine(first, time.min)
-    by_day = _fold(_grouped([CalendarDay(LlmCall.created_at).label("day")], since), lambda r: r.day)
+    day_rows = _grouped([CalendarDay(LlmCall.created_at).label("day")], since)
     agent_rows = _grouped([LlmCall.agent_id], since)
+    pricing = _pricing(agent_rows)  # the same calls as by day
+    by_day = _fold(day_rows, lambda r: r.day, pricing)
     purpose_rows = _grouped([LlmCall.purpose], since)
     names = dict(db.session.execute(_account_agent_ids().add_columns(Agent.name)).all())
     return {
         "days": days,
         "first": first,
         "by_day": sorted(by_day.items()),
-        "by_agent": _largest_first(_fold(agent_rows, lambda r: names[r.agent_id])),
-        "by_purpose": _largest_first(_fold(purpose_rows, lambda r: r.purpose)),
-        "by_model": _largest_first(_fold(agent_rows, lambda r: r.model)),
-        "total": _fold(agent_rows, lambda r: "total").get("total", Usage()),
+        "by_agent": _largest_first(_fold(agent_rows, lambda r: names[r.agent_id], pricing)),
+        "by_purpose": _largest_first(_fold(purpose_rows, lambda r: r.purpose, pricing)),
+        "by_model": _largest_first(_fold(agent_rows, lambda r: r.model, pricing)),
+        "total": _fold(agent_rows, lambda r: "total", pricing).get("total", Usage()),
         "chart": _chart(first, days, by_day),
     }
 
@@ -272,7 +297,8 @@ def jobs() -> ResponseReturnValue:
     found = db.session.scalars(query).all()
     runs = found[:RUNS_PER_PAGE]
     ids = [run.id for run in runs]
-    usage = _fold(_grouped([LlmCall.job_run_id], LlmCall.job_run_id.in_(ids)), lambda r: r.job_run_id)
+    rows = _grouped([LlmCall.job_run_id], LlmCall.job_run_id.in_(ids))
+    usage = _fold(rows, lambda r: r.job_run_id, _pricing(rows))
     context = dict(runs=runs, usage=usage, filters=filters, page=page, has_more=len(found) > RUNS_PER_PAGE)
     context["worked_on"] = worked_on(runs)
     context["job_functions"] = JOB_TYPES
