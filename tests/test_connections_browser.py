@@ -63,7 +63,9 @@ def test_an_admin_connects_a_provider_and_an_agent_answers_from_it(
 
     page.goto(f"{live_server}/agents/")
     page.get_by_role("link", name="Edit").first.click()  # (its tap target is issue 32's)
+    expect(page.get_by_label("Or type a model id")).to_have_value("ada-model")  # not listed by any connection
     page.get_by_label("Model", exact=True).select_option(label="gpt-4o-mini")
+    expect(page.get_by_label("Or type a model id")).to_have_value("")  # no longer looks as if it applied
     check_page(page, size, "04-pick", prefix="connections")
     tap(page.get_by_role("button", name="Save agent"))
 

@@ -297,3 +297,14 @@ function highlightCode(root) {
 document.addEventListener("DOMContentLoaded", () => highlightCode(document));
 document.addEventListener("htmx:load", (event) => highlightCode(event.detail.elt));
 document.addEventListener("htmx:afterSettle", (event) => highlightCode(event.detail.elt));
+
+// A model picker (the agent form, the background model): picking a listed model clears an id typed beside it,
+// which would otherwise look as if it applied; "Another model at ..." (a value ending in "|") asks for one.
+document.addEventListener("change", (event) => {
+  const picker = event.target.closest("select[data-typed-model]");
+  if (!picker) return;
+  const typed = document.getElementById(picker.dataset.typedModel);
+  if (!typed) return;
+  if (picker.value.endsWith("|")) typed.focus();
+  else typed.value = "";
+});
