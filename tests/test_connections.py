@@ -202,6 +202,10 @@ def test_a_key_is_stored_encrypted_and_never_readable_again(app, admin, router, 
     page = client.get("/admin/connections").text
     assert ROUTER_KEY not in page and "••••" in page and "cdef" in page  # its last 4 characters only
     assert ROUTER_KEY not in client.get("/healthz").text
+    ada = factories.agent(admin.account, "Ada", connection_id=router.id, model_id="meta-llama/llama-3.3-70b")
+    exported = client.post(f"/agents/{ada.id}/export", data={"with_chats": "1"})
+    assert exported.status_code == 200 and ROUTER_KEY not in exported.text and "router-secret" not in exported.text
+    assert ROUTER_KEY not in client.get(f"/agents/{ada.id}/edit").text
     if app.config["SQLALCHEMY_DATABASE_URI"].startswith("sqlite"):
         db.session.close()
         db.engine.dispose()
