@@ -204,7 +204,11 @@ def test_a_key_is_stored_encrypted_and_never_readable_again(app, admin, router, 
     assert ROUTER_KEY not in client.get("/healthz").text
     ada = factories.agent(admin.account, "Ada", connection_id=router.id, model_id="meta-llama/llama-3.3-70b")
     exported = client.post(f"/agents/{ada.id}/export", data={"with_chats": "1"})
-    assert exported.status_code == 200 and ROUTER_KEY not in exported.text and "router-secret" not in exported.text
+    assert (
+        exported.status_code == 200
+        and ROUTER_KEY not in exported.text
+        and "router-secret" not in exported.text
+    )
     assert ROUTER_KEY not in client.get(f"/agents/{ada.id}/edit").text
     if app.config["SQLALCHEMY_DATABASE_URI"].startswith("sqlite"):
         db.session.close()
@@ -466,3 +470,25 @@ def test_the_usage_page_prices_each_call_at_the_connection_that_answered_it(
 
     assert by_agent["Ada"] == "$3.00"  # 1M × $2 + 100k × $10, per million
     assert by_agent["Bob"].startswith("$0")  # runs on this machine
+
+
+def test_a_key_and_headers_are_replaced_not_shown(admin, client, signed_in, router):
+    page = client.post(
+        f"/admin/connections/{router.id}/edit",
+        data={
+            "name": "Router",
+            "base_url": router.base_url,
+            "api_key": "sk-new-key-abcdefghijkl",
+            "headers": "X-Title: Cairn",
+        },
+        follow_redirects=True,
+    )
+
+    router = _fresh(router)
+    assert "Router is saved." in page.text and "sk-new-key" not in page.text and "•••• ijkl" in page.text
+    assert (router.api_key, router.headers) == ("sk-new-key-abcdefghijkl", {"X-Title": "Cairn"})
+    client.post(f"/admin/connections/{router.id}/edit", data={"name": "Router", "base_url": router.base_url})
+    assert (_fresh(router).api_key, _fresh(router).headers) == (
+        "sk-new-key-abcdefghijkl",
+        {"X-Title": "Cairn"},
+    )

@@ -177,11 +177,12 @@ def refresh_connection(connection_id: int) -> ResponseReturnValue:
 @bp.post("/connections/<int:connection_id>/edit")
 @admin_required
 def edit_connection(connection_id: int) -> ResponseReturnValue:
-    """Rename or move a connection, replace its key (empty: keep it) or its headers."""
+    """Rename or move a connection, replace its key or its extra headers (empty: keep them)."""
     connection = owned_or_404(Connection, connection_id)
     form = request.form
     try:
-        headers = connection_rows.parse_headers(form.get("headers", "")) if "headers" in form else None
+        typed = form.get("headers", "").strip()
+        headers = connection_rows.parse_headers(typed) if typed else None  # empty: keep them
         connection_rows.change(
             connection,
             name=form.get("name", connection.name),

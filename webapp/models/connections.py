@@ -97,6 +97,10 @@ class Connection(db.Model):
         self.headers_secret = encrypt(json.dumps(value)) if value else None
 
     @property
+    def headers_count(self) -> int:
+        return len(self.headers)
+
+    @property
     def masked_key(self) -> str:
         """What a page shows of the key: that there is one, and its last characters when it is long."""
         if not self.api_key_secret:
