@@ -492,3 +492,24 @@ def test_a_key_and_headers_are_replaced_not_shown(admin, client, signed_in, rout
         "sk-new-key-abcdefghijkl",
         {"X-Title": "Cairn"},
     )
+
+
+def test_the_admins_first_page_says_the_agents_run_on_the_tiny_model_and_offers_a_found_ollama(
+    app, admin, member, client, auth, providers, router
+):
+    ada = factories.agent(admin.account, "Ada")
+    app.config["OLLAMA_BASE_URL"] = providers["ollama"].root
+    auth.login(admin)
+
+    page = client.get("/chats/").text
+    assert "Ada runs on the tiny model bundled with Cairn" in page
+    assert "Add the Ollama running here (1 model)" in page
+    client.get("/logout")
+    auth.login(member)
+    assert "bundled-model-notice" not in client.get("/chats/").text  # members cannot change it
+
+    ada.connection_id, ada.model_id = router.id, "meta-llama/llama-3.3-70b"
+    db.session.commit()
+    client.get("/logout")
+    auth.login(admin)
+    assert "bundled-model-notice" not in client.get("/chats/").text
