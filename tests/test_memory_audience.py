@@ -12,6 +12,7 @@ from webapp.extensions import db
 from webapp.jobs.consolidation import consolidate_chat
 from webapp.jobs.reflection import reflect_agent
 from webapp.jobs.replies import request_replies, respond
+from webapp.llm.targets import for_agent
 from webapp.models import AgentMemory, AuditLog, ChatAgent
 from webapp.models.access import memories_heard_in
 from webapp.models.agents import DEFAULT_TOOLS
@@ -178,7 +179,7 @@ def test_a_chat_of_both_uses_only_what_both_may_hear(acme, ana, ben, ada, fake_l
     assert "Said in shared" in recalled and "Said in ana" not in recalled and "Said in ben" not in recalled
     assert "Told in ana" not in recalled and "Told in ben" not in recalled
     # What was left out is counted among what may be heard only: nothing is said about the private rest.
-    held, _ = prompt_memory(chats["both"], ada, utcnow())
+    held, _ = prompt_memory(for_agent(ada), chats["both"], ada, utcnow())
     assert held.core_total == 3 and held.left_out == 0
 
 

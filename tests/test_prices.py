@@ -4,8 +4,8 @@ import genai_prices
 import pytest
 from genai_prices import Usage, calc_price
 
-from webapp.llm import prices
-from webapp.llm.prices import price_of
+from webapp.admin import prices
+from webapp.admin.prices import price_of
 
 OPENAI = "https://api.openai.com/v1"
 OPENROUTER = "https://openrouter.ai/api/v1"

@@ -13,6 +13,7 @@ from webapp import config
 from webapp.extensions import db
 from webapp.factory import create_app
 from webapp.jobs.replies import request_replies, respond
+from webapp.llm.targets import for_agent
 from webapp.models import AgentMemory, LlmCall, ReplySources
 from webapp.models.memories import MemoryWithin
 from webapp.prompting.build import _memory_section, build_prompt
@@ -234,7 +235,7 @@ def test_the_section_trims_what_did_not_fit_and_lists_the_ids_it_kept(app, ada):
         core=[rule, *core], journal=journal, relevant=relevant, core_total=6, journal_total=10, now=now
     )
 
-    text = _memory_section(within, ada, 120)
+    text = _memory_section(for_agent(ada), within, ada, 120)
 
     assert count_tokens(text) <= 120
     assert within.journal == [] and within.core == [rule]  # recent journal and core gave way first

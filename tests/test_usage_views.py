@@ -277,7 +277,7 @@ def test_models_that_run_here_cost_nothing_and_say_so(app, client, auth, admin, 
 
 
 def test_prices_are_looked_up_without_the_network(client, auth, admin, known_models, offline):
-    from webapp.llm import prices
+    from webapp.admin import prices
 
     prices._listed_price.cache_clear()  # so this request looks the models up in genai-prices' table
     auth.login(admin)

@@ -16,11 +16,11 @@ from sqlalchemy.sql.functions import FunctionElement
 
 import webapp.jobs
 from webapp.admin.common import answer, bp
+from webapp.admin.prices import RUNS_HERE, Price, price_of
 from webapp.admin.run_words import worked_on
 from webapp.extensions import db
 from webapp.jobs.queue import JOB_TYPES, enqueue
 from webapp.llm import targets
-from webapp.llm.prices import RUNS_HERE, Price, price_of
 from webapp.models import Agent, JobRun, LlmCall
 from webapp.models.connections import account_connections
 from webapp.models.runs import JOB_RUN_STATUSES
@@ -65,7 +65,7 @@ class Usage:
     errors: int = 0
     cost: float = 0.0
     unpriced_calls: int = 0
-    sources: set[str] = field(default_factory=set)  # where the prices came from (webapp.llm.prices)
+    sources: set[str] = field(default_factory=set)  # where the prices came from (webapp.admin.prices)
 
     @property
     def tokens(self) -> int:
