@@ -28,7 +28,7 @@ from webapp.local_models.catalog import (
 )
 from webapp.local_models.download import DownloadError, pull, read_status
 from webapp.models import JobRun
-from webapp.runtime.processes import llm_server_argv, local_model_path
+from webapp.runtime.processes import llm_server_argv, local_model_path, service
 from webapp.runtime.supervisor import Service, Supervisor
 
 NAME = "smollm2-copy"
@@ -194,7 +194,7 @@ def test_a_stopped_download_is_kept_said_so_and_continued_by_the_next_pull(insta
         pull(NAME, instance, host.url, attempts=1)
 
     assert "broke off" in str(stopped.value) and "Nothing was installed" in str(stopped.value)
-    assert "the next Download continues from there" in str(stopped.value)
+    assert "the next download of it continues from there" in str(stopped.value)
     assert _left_in(instance) == ["SmolLM2-copy.gguf.part"]
     status = read_status(instance, NAME)
     assert status.state == "failed" and status.received == model.size_bytes // 3
@@ -261,6 +261,19 @@ def test_installing_a_model_changes_what_the_server_is_restarted_for(instance, h
     pull(NAME, instance, host.url)
 
     assert installed_signature(instance) != before
+
+
+def test_the_model_servers_supervisor_restarts_it_once_a_model_is_installed(app, instance, host, model):
+    llm = service("llm", app.config, instance)
+    llm.before_start()
+    assert llm.restart_when() is None
+
+    pull(NAME, instance, host.url)
+
+    assert llm.restart_when() == "the installed models changed"
+    llm.before_start()  # the restarted server serves it
+    assert llm.restart_when() is None
+    assert [m.name for m in installed_models()] == [LOCAL_MODEL_ID, NAME]  # the app's instance by default
 
 
 def test_the_supervisor_restarts_its_child_when_asked_without_backoff(tmp_path, monkeypatch):

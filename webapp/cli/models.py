@@ -67,7 +67,7 @@ class _Printer:
         self.tty, self.shown, self.open_line = sys.stdout.isatty(), -1, False
 
     def __call__(self, status: Status) -> None:
-        if status.state == "done":
+        if status.state in ("done", "failed"):  # the command's last line says how it ended
             return
         line = _line(status)
         if self.tty:

@@ -1,6 +1,6 @@
-"""The models the local llama.cpp server serves: the bundled SmolLM2, and the capable models a person downloads
-from the model host into instance/models/ (catalog.py: the pinned catalog and what is installed; download.py:
-resumable, checked downloads with their progress in a status file any process can read).
+"""The models the local llama.cpp server serves: the bundled SmolLM2 and the capable ones downloaded beside it.
 
-Nothing here needs the app or the database, so the model server's process, a worker's job, `flask models` and
-the admin page all use the same functions."""
+catalog.py pins the catalog (each file's commit and sha256 on the model host) and reads what is installed;
+download.py fetches a model into instance/models/, resumable and checked, its progress in a status file any
+process can read. Nothing here needs the app or the database, so the model server's process, a worker's job,
+`flask models` and the admin page all use the same functions."""

@@ -144,9 +144,13 @@ def bundled_model() -> InstalledModel:
     )
 
 
-def installed_models(instance: str | Path, *, bundled: bool = True) -> list[InstalledModel]:
+def installed_models(instance: str | Path | None = None, *, bundled: bool = True) -> list[InstalledModel]:
     """What the local server serves: the bundled SmolLM2 first (its default), then each downloaded model whose
-    manifest and checked file are in instance/models/, by name."""
+    manifest and checked file are in instance/models/, by name. `instance`: the app's instance folder by default."""
+    if instance is None:
+        from flask import current_app
+
+        instance = current_app.instance_path
     found = [bundled_model()] if bundled else []
     directory = models_dir(instance)
     for manifest in sorted(directory.glob("*.json")) if directory.is_dir() else []:

@@ -4,7 +4,7 @@ A download writes `<file>.part` and continues it with an HTTP Range request when
 times, and on the next pull). Once the host has sent every byte, the file's sha256 must be the catalog's; then it
 is renamed to its final name and its manifest written (catalog.write_manifest), which is what the model server
 serves. A file whose hash is wrong is removed, and the status says so. What a failed download keeps: the `.part`
-of the bytes received (the status says how many, and that the next Download continues from there); never a file
+of the bytes received (the status says how many, and that the next download continues from there); never a file
 under its final name, never a manifest.
 
 Progress lives in `<name>.status` beside the file (JSON, replaced whole), so a page in another process reads it;
@@ -190,7 +190,7 @@ def _fetch(model: CatalogModel, url: str, host: str, part: Path, progress: "_Pro
         raise DownloadError(
             _kept(
                 f"Could not reach the model host {host} ({reason}). Check this machine's network connection "
-                "(or MODEL_DOWNLOAD_BASE_URL), then press Download again.",
+                "(or MODEL_DOWNLOAD_BASE_URL) and try again.",
                 part,
             )
         ) from None
@@ -234,7 +234,7 @@ def _verify(model: CatalogModel, part: Path, progress: "_Progress") -> None:
         part.unlink()
         raise DownloadError(
             f"The downloaded {model.filename} has {size:,} bytes, not the {model.size_bytes:,} the catalog pins. "
-            "It was removed; press Download to fetch it again."
+            "It was removed; download it again."
         )
     with part.open("rb") as handle:
         digest = hashlib.file_digest(handle, "sha256").hexdigest()
@@ -242,8 +242,8 @@ def _verify(model: CatalogModel, part: Path, progress: "_Progress") -> None:
         part.unlink()
         raise DownloadError(
             f"The downloaded {model.filename} is not the file the catalog pins: its sha256 is {digest}, not "
-            f"{model.sha256}. It was corrupted on the way or changed on the host, and was removed; press Download "
-            "to fetch it again."
+            f"{model.sha256}. It was corrupted on the way or changed on the host, and was removed; download it "
+            "again."
         )
 
 
@@ -262,7 +262,7 @@ def _kept(problem: str, part: Path) -> str:
         return f"{problem} Nothing was installed."
     return (
         f"{problem} Nothing was installed; the {_megabytes(kept)} received so far are kept in {part.name}, and "
-        "the next Download continues from there."
+        "the next download of it continues from there."
     )
 
 
