@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -432,6 +433,14 @@ def test_the_downloaded_copy_is_served_under_its_name_and_answers(instance, host
             answer = json.load(response)
         assert answer["usage"]["completion_tokens"] > 0
         assert (answer["choices"][0]["message"]["content"] or "").strip()
+        # The copy runs with its own settings (n_ctx 2048, not SmolLM2's 8192): the name chose the model.
+        body["messages"][0]["content"] = "one two three " * 1000
+        request = urllib.request.Request(
+            f"{url}/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=120)
+        assert "maximum context length is 2048 tokens" in refused.value.read().decode()
     finally:
         server.terminate()
         try:
