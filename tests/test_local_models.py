@@ -457,3 +457,34 @@ def _models(url: str) -> list[str] | None:
     except OSError:
         time.sleep(0.3)
         return None
+
+
+@pytest.mark.local_model
+def test_the_supervised_server_serves_a_model_installed_while_it_runs(instance, host, model):
+    port = free_port()
+    environment = {
+        k: v for k, v in os.environ.items() if k not in ("LLM_BASE_URL", "DATABASE_URL", "REDIS_URL")
+    }
+    supervisor = subprocess.Popen(
+        [sys.executable, "-m", "webapp.runtime.processes", "run", "llm"],
+        env={
+            **environment,
+            "INSTANCE_PATH": str(instance),
+            "LOCAL_LLM_PORT": str(port),
+            "SECRET_KEY": "test",
+        },
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        assert wait_for(lambda: _models(url), 120, "the local model server") == [LOCAL_MODEL_ID]
+
+        pull(NAME, instance, host.url)
+
+        wait_for(lambda: _models(url) == [LOCAL_MODEL_ID, NAME], 120, "the server to serve the new model")
+    finally:
+        supervisor.terminate()
+        _, errors = supervisor.communicate(timeout=30)
+    assert "the installed models changed; restarting it" in errors
