@@ -513,3 +513,21 @@ def test_the_admins_first_page_says_the_agents_run_on_the_tiny_model_and_offers_
     client.get("/logout")
     auth.login(admin)
     assert "bundled-model-notice" not in client.get("/chats/").text
+
+
+def test_a_downloaded_model_is_offered_at_the_environments_connection(
+    app, admin, client, signed_in, tmp_path
+):
+    from webapp.local_models.catalog import CATALOG, write_manifest
+
+    app.instance_path = str(tmp_path)
+    model = CATALOG["qwen2.5-1.5b-instruct"]
+    (tmp_path / "models").mkdir()
+    gguf = tmp_path / "models" / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    write_manifest(tmp_path, model, gguf)
+
+    form = client.get("/agents/new").text
+
+    assert 'value="environment|qwen2.5-1.5b-instruct"' in form and 'value="environment|smollm2"' in form
+    assert 'hx-get="/admin/local-models/panel"' in client.get("/admin/connections").text

@@ -51,7 +51,7 @@ def _connection(account: Account, name: str):
 def list_connections(account_name: str | None) -> None:
     """The environment's connection and the account's, with their models and last check (never their keys)."""
     account = _account(account_name)
-    environment = targets.environment_connection()
+    environment = targets.environment_connection(listed=True)
     click.echo(
         f"environment  {environment.name}  {environment.kind}  {len(environment.models)} models listed here"
     )

@@ -12,6 +12,7 @@ from flask import current_app
 
 from webapp import config
 from webapp.extensions import db
+from webapp.local_models.catalog import installed_models
 from webapp.models import Account, Agent
 from webapp.models.connections import (
     ENVIRONMENT,
@@ -88,19 +89,22 @@ class ModelTarget:
         return current_app.config["CONNECTION_CONCURRENCY"]
 
 
-def environment_connection() -> EnvironmentConnection:
-    """The environment's provider, as the settings say now: LLM_BASE_URL, or with none the models that run here."""
+def environment_connection(*, listed: bool = False) -> EnvironmentConnection:
+    """The environment's provider, as the settings say now: LLM_BASE_URL, or with none the models that run here
+    (listed: with the models installed here, which a request does not need: each is served with the same
+    window)."""
     settings = current_app.config
     if settings["LOCAL_LLM"]:
-        return EnvironmentConnection(
-            "local", settings["LLM_BASE_URL"], settings["LLM_API_KEY"], local_models()
-        )
+        models = local_models() if listed else []
+        return EnvironmentConnection("local", settings["LLM_BASE_URL"], settings["LLM_API_KEY"], models)
     return EnvironmentConnection("openai", settings["LLM_BASE_URL"], settings["LLM_API_KEY"])
 
 
 def local_models() -> list[dict]:
-    """The models the server Cairn runs itself serves: the bundled SmolLM2 (and those downloaded)."""
-    return [{"id": config.LOCAL_MODEL_ID, "context_tokens": config.LOCAL_MODEL_CONTEXT_TOKENS}]
+    """The models the server Cairn runs itself serves: the bundled SmolLM2, then those downloaded."""
+    bundled = {"id": config.LOCAL_MODEL_ID, "context_tokens": config.LOCAL_MODEL_CONTEXT_TOKENS}
+    downloaded = installed_models(current_app.instance_path, bundled=False)
+    return [bundled, *({"id": m.name, "context_tokens": m.context_tokens} for m in downloaded)]
 
 
 def connection_in(account_id: int, key: str | int | None) -> AnyConnection | None:

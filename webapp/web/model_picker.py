@@ -44,7 +44,7 @@ def value(connection: AnyConnection, model: str) -> str:
 
 def groups(account_id: int) -> list[Group]:
     """Each connection the account may use (the environment's first) with the models it lists."""
-    environment = targets.environment_connection()
+    environment = targets.environment_connection(listed=True)
     return [
         Group(environment, _environment_models(environment)),
         *(Group(c, c.model_ids) for c in account_connections(account_id)),
