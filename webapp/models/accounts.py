@@ -228,9 +228,15 @@ class User(UserMixin, db.Model):
             return
         self._keep_an_admin(removed_at=utcnow())
         self.end_all_sessions()
+        # Restoring them later revives neither: they get a new sign-in link, and make new keys.
+        for key in getattr(self, "api_keys", []):  # ApiKey.user's backref (webapp.models.api_keys)
+            key.revoked_at = key.revoked_at or utcnow()
+        if not self.has_password:
+            self.password_hash = NO_PASSWORD + secrets.token_urlsafe(16)  # the link they had stops working
 
     def restore(self) -> None:
-        """Take a removed person back: they sign in as before (an invited one needs a new sign-in link)."""
+        """Take a removed person back: they sign in as before with their password (an invited one needs a new
+        sign-in link; their API keys stay revoked)."""
         self.removed_at = None
 
     def _keep_an_admin(self, **change: Any) -> None:
