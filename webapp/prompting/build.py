@@ -302,13 +302,16 @@ def _relevant_memories(
     """The ids of the agent's memories (any active one but the constitutional, listed anyway) that best match
     the conversation and that `heard` admits, best first: the search the recall tool runs, by the words of the
     message and a few of the turns around it, and by the meaning of the message alone (an embedding takes
-    longer the longer its text, and the question is what the reply is about)."""
+    longer the longer its text, and the question is what the reply is about). The search by meaning runs after
+    the words, on the prompt's connection: it waits for the query's embedding, which takes longer than the
+    words (a thread and a connection of its own added a second session and its round trips; bench.job_overhead)."""
     if not message:
         return []
     vector = search.query_vector(_cut(message, QUERY_EMBEDDED_CHARS), agent_id=agent.id, chat_id=chat.id)
     # (IS NOT TRUE: "= false" would lead SQLite to the constitutional flag's index, over every agent's rows)
     scope = (active_memories(agent.id).whereclause, AgentMemory.constitutional.is_not(True), heard)
-    return search.memory_ids(agent.id, f"{message}\n{around}", RELEVANT_MEMORIES, *scope, vector=vector)
+    words = f"{message}\n{around}"
+    return search.memory_ids(agent.id, words, RELEVANT_MEMORIES, *scope, vector=vector, meanwhile=False)
 
 
 def _memory_section(within: MemoryWithin, agent: Agent, budget: int) -> str:
