@@ -84,6 +84,10 @@ def replies(chat_id: int, count: int, timings: Path, *, alone: bool, statements:
     for _ in range(count + 1):  # the first one warms the worker up and is not counted
         chat = db.session.get(Chat, chat_id)
         chat.add_message(role="user", content="How are you?", status="done")
+        if alone:  # the message's embedding, and what the last reply queued, done before the reply is asked
+            db.session.commit()
+            _settle()
+            chat = db.session.get(Chat, chat_id)
         [reply] = request_replies(chat, list(chat.agents))
         started = time.perf_counter()
         db.session.commit()  # the job goes on the queue now
@@ -101,8 +105,6 @@ def replies(chat_id: int, count: int, timings: Path, *, alone: bool, statements:
         overheads.append(own)
         waits.append(total - _model_ms(run.id) - own)
         runs.append(run.id)
-        if alone:
-            _settle()
     totals, waits, overheads, runs = totals[1:], waits[1:], overheads[1:], runs[1:]
     print(f"\n{count} replies one after another, model {MODEL_LATENCY * 1000:.0f} ms before its first token")
     for label, values in (
@@ -124,8 +126,7 @@ def _model_ms(run_id: int) -> float:
 
 
 def _settle() -> None:
-    """Wait until the background jobs of the last reply and its message (their embedding, a summary) are done, so
-    the next reply runs alone in the worker (--alone); the wait is not measured."""
+    """Wait until the background jobs queued so far (embeddings, a summary) are done (--alone)."""
     while True:
         db.session.rollback()
         busy = db.session.scalar(
@@ -140,14 +141,18 @@ def _settle() -> None:
 
 def _split(runs: list[int], timings: Path, statements: bool) -> None:
     """Where the job's own time goes, step by step (bench.timed_worker's stopwatch in the worker)."""
-    lines = [json.loads(line) for line in timings.read_text().splitlines()]
-    by_run = {line["run_id"]: line for line in lines if line["run_id"] in runs}
+    while True:  # the worker writes a run's line once its job returns, just after the run is marked done
+        lines = [json.loads(line) for line in timings.read_text().splitlines()]
+        by_run = {line["run_id"]: line for line in lines if line["run_id"] in runs}
+        if len(by_run) == len(runs):
+            break
+        time.sleep(0.05)
     steps = [by_run[run_id]["steps"] for run_id in runs]
     for run_id, step in zip(runs, steps, strict=True):
-        step["run"] -= _model_ms(run_id)
+        step["run"] -= _model_ms(run_id) + step.pop("after the run", 0.0)
         step["tool loop above its model call"] = step.pop("tool loop", 0.0) - _model_ms(run_id)
         named = sum(step.get(label, 0.0) for label, _depth in SPLIT[1:] if _depth == 1)
-        step["the rest (commits, events, locks)"] = step["run"] - named
+        step["the rest"] = step["run"] - named
     print("\n  the job's own time, step by step (bench.timed_worker; a step's lines below it are part of it)")
     for label, depth in SPLIT:
         _line("  " * depth + ("own time" if label == "run" else label), [s.get(label, 0.0) for s in steps])
@@ -166,8 +171,10 @@ SPLIT = [
     ("access rule (a chat's people)", 2),
     ("relevant memories", 2),
     ("any vectors?", 3),
-    ("fused search", 3),
     ("query embedding (own thread)", 3),
+    ("its ledger row", 4),
+    ("fused search", 3),
+    ("by words", 4),
     ("memories within budget", 2),
     ("memory section", 2),
     ("other conversations", 2),
@@ -176,7 +183,11 @@ SPLIT = [
     ("record sources", 1),
     ("after success (enqueues)", 1),
     ("close run", 1),
-    ("the rest (commits, events, locks)", 1),
+    ("commits between them", 1),
+    ("events published between them", 1),
+    ("stop flag read between them", 1),
+    ("Redis locks taken between them", 1),
+    ("the rest", 1),
 ]
 
 
@@ -203,8 +214,8 @@ def main() -> None:
     parser.add_argument(
         "--alone",
         action="store_true",
-        help="each reply once the background work queued before it is done (by default a message's embedding "
-        "runs beside its reply, in the same worker, as it does when people write)",
+        help="ask each reply once the background work queued before it is done, its message's embedding "
+        "included (by default that embedding runs beside the reply, in the same worker, as when people write)",
     )
     parser.add_argument(
         "--statements", action="store_true", help="print the SQL statements of the last reply"

@@ -33,7 +33,9 @@ STEPS = [
     ("webapp.prompting.build", "_relevant_memories", "relevant memories"),
     ("webapp.search", "vector_dimensions", "any vectors?"),
     ("webapp.search.embedder", "embed", "query embedding (own thread)"),
+    ("webapp.search.embedder", "record_call", "its ledger row"),
     ("webapp.search", "memory_ids", "fused search"),
+    ("webapp.search", "_lexical", "by words"),
     ("webapp.prompting.build", "memories_within", "memories within budget"),
     ("webapp.prompting.build", "_memory_section", "memory section"),
     ("webapp.prompting.build", "other_conversation_summaries", "other conversations"),
@@ -42,22 +44,34 @@ STEPS = [
     ("webapp.jobs.replies", "record_sources", "record sources"),
     ("webapp.jobs.replies", "_after_success", "after success (enqueues)"),
     ("webapp.jobs.replies", "_retried_meanwhile", "close run"),
+    ("webapp.jobs.queue", "_finish_run", "after the run"),  # its counts, once finished_at is written
+    # Timed only between the steps above (outside any of them), so that none is counted twice.
+    ("sqlalchemy.orm", "Session.commit", "commits between them"),
+    ("webapp.events", "publish", "events published between them"),
+    ("webapp.jobs.replies", "stop_requested", "stop flag read between them"),
+    ("redis.lock", "Lock.acquire", "Redis locks taken between them"),
+    ("redis.lock", "Lock.release", "Redis locks taken between them"),
 ]
 
 _times: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
 _sql: dict[int, list[tuple[float, str]]] = defaultdict(list)
 _lock = threading.Lock()
+_open = threading.local()  # the labels of the steps this thread is in, innermost last
 
 
 def _timed(func: Callable[..., Any], label: str) -> Callable[..., Any]:
     @functools.wraps(func)
     def timed(*args: Any, **kwargs: Any) -> Any:
+        stack = _open.__dict__.setdefault("labels", [])
+        between = label.endswith("between them") and stack[-1:] == ["run"]
+        stack.append(label)
         started = time.perf_counter()
         try:
             return func(*args, **kwargs)
         finally:
+            stack.pop()
             run_id = args[0] if label == "run" else current_job_run_id.get()
-            if run_id is not None:
+            if run_id is not None and (between or not label.endswith("between them")):
                 with _lock:
                     _times[run_id][label] += (time.perf_counter() - started) * 1000
                 if label == "run":
@@ -95,8 +109,11 @@ def _count_sql() -> None:
 
 
 def install() -> None:
-    for module, attribute, label in STEPS:
+    for module, path, label in STEPS:
         owner = import_module(module)
+        *classes, attribute = path.split(".")
+        for name in classes:
+            owner = getattr(owner, name)
         setattr(owner, attribute, _timed(getattr(owner, attribute), label))
     _count_sql()
 
