@@ -7,7 +7,13 @@ Printed: what a worker could pay per job (a fork of the loaded worker, a fresh d
 context, tiktoken's encoder loaded cold in a new process), then for replies sent one after another (each
 enqueued once the previous one is done): enqueue-to-done minus the model call, split into the wait before the
 job's run starts (dequeue, and a fork when the worker forks) and the job's own time above its model call (what
-bench.load reports as the reply job overhead).
+bench.load reports as the reply job overhead; the model call is the reply's request, so the query's embedding
+counts as the job's own work). Then where that own time goes, step by step, as the worker's stopwatch
+(bench.timed_worker) saw it, with the SQL statements of the job's thread and the time they took.
+
+By default a message's embedding runs beside its reply in the same worker, as when people write; --alone asks
+each reply once that and the previous reply's background work are done. The host's speed drifts: compare two
+commits by running them alternately in one session, never with figures from another day.
 """
 
 import argparse
