@@ -122,10 +122,14 @@ def memory_ids(
     k: int,
     *scope: sa.ColumnElement[bool],
     vector: Future[np.ndarray | None] | None = None,
+    meanwhile: bool = True,
 ) -> list[int]:
-    """The ids of `memories`, read from the indexes alone (the prompt reads the memories it lists itself)."""
+    """The ids of `memories`, read from the indexes alone (the prompt reads the memories it lists itself). With
+    meanwhile=False the search by meaning runs after the words, on the caller's connection, not beside them
+    (see _dense_meanwhile): for a search by words shorter than the query's embedding, which it waits for anyway."""
     scope = (AgentMemory.agent_id == agent_id, *scope)
-    dense = _dense_meanwhile("memory", vector, [agent_id], sa.select(AgentMemory.id).where(*scope))
+    admitted = sa.select(AgentMemory.id).where(*scope)
+    dense = _dense_meanwhile("memory", vector, [agent_id], admitted, meanwhile=meanwhile)
     return fuse(_lexical(AgentMemory, text, scope), dense(), k)
 
 
@@ -155,17 +159,23 @@ def _lexical(model: type, text: str, scope: tuple) -> list[tuple[int, float]]:
 
 
 def _dense_meanwhile(
-    kind: str, vector: Future[np.ndarray | None] | None, owners: list[int], admitted: sa.Select | None
+    kind: str,
+    vector: Future[np.ndarray | None] | None,
+    owners: list[int],
+    admitted: sa.Select | None,
+    *,
+    meanwhile: bool = True,
 ) -> Callable[[], list[tuple[int, float]]]:
     """What gives _dense's rows for the query's vector once embedded (none without one). While the database pool
     has a connection to spare, they are searched on a thread and a connection of their own as the caller searches
     by words (on PostgreSQL the two took 16 and 22 ms of a recall; bench.recall), and so read what is committed.
     Otherwise (a process with one connection, SQLite under gevent; a busy pool) on the caller's, once asked for:
-    a search asks for a second connection only when the pool has one free."""
+    a search asks for a second connection only when the pool has one free. With meanwhile=False, on the caller's
+    connection in any case."""
     app = current_app._get_current_object()  # type: ignore[attr-defined]
     if vector is None:
         return list
-    if not _connection_to_spare():
+    if not meanwhile or not _connection_to_spare():
         return functools.partial(_dense_of, None, kind, vector, owners, admitted)
     return _dense_threads.submit(_dense_of, app, kind, vector, owners, admitted).result
 

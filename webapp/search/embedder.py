@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import openai
-from flask import current_app
+from flask import Flask, current_app
 
 from webapp.llm import LLMError, record_call
 
@@ -120,6 +120,13 @@ class LocalEmbedder:
 
 _local_embedder: LocalEmbedder | None = None
 _local_lock = threading.Lock()
+
+
+def preload(app: Flask) -> None:
+    """Load the local embedder now, unless an endpoint embeds: a worker's first reply would otherwise wait for its
+    imports and its model (about half a second) to embed its query."""
+    if not app.config["EMBEDDING_BASE_URL"]:
+        _local()
 
 
 def _local() -> LocalEmbedder:
