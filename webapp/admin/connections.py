@@ -12,6 +12,7 @@ from flask_wtf import FlaskForm
 from wtforms import PasswordField, SelectField, StringField, TextAreaField
 from wtforms.validators import Length
 
+from webapp.admin import embeddings
 from webapp.admin.common import bp
 from webapp.extensions import db
 from webapp.llm import providers, targets
@@ -41,6 +42,8 @@ class BackgroundForm(FlaskForm):
 @admin_required
 def connections() -> ResponseReturnValue:
     """The account's connections, the environment's first, with their models and last check."""
+    if request.headers.get("HX-Target") == embeddings.FRAGMENT:
+        return embeddings.fragment()
     return _page(ConnectionForm(kind="openai"))
 
 
@@ -61,8 +64,9 @@ def _page(form: ConnectionForm, status: int = 200, test_results: dict | None = N
         users=_users_by_connection(account.id),
         test_results=test_results or {},
         examples=ADDRESS_EXAMPLES,
+        **embeddings.context(account, groups),
     )
-    return html, status
+    return html, status, {"Vary": "HX-Request"}
 
 
 def _background_form(account, groups: list[model_picker.Group]) -> BackgroundForm:

@@ -214,7 +214,8 @@ def nearest(
     candidates are, and they were all RESCORED * k (or none was admitted), the nearest by bits among the
     admitted are taken instead: a longer search, as it reads the scope of every row (an agent's 10,000
     memories: 7 ms against 2 on SQLite, 15 against 5 on PostgreSQL; bench.prompt_memory)."""
-    database, model, n = backend(), embedder.model_name(), RESCORED * k
+    # The vectors of the model that embedded the query (its account's searched one; embedder.embed).
+    database, model, n = backend(), embedder.model_of(vector), RESCORED * k
     # One statement: the candidates are a CTE, read once whatever refers to them.
     candidates = database.by_bits(kind, model, vector, owners, None, n).cte("candidates")
     keys = sa.select(candidates.c[0])
@@ -223,10 +224,10 @@ def nearest(
         # The scope checked by the candidates' keys: given the scope's query alone, PostgreSQL read all of an
         # agent's memories to check 200 (6 ms).
         checked = admitted.where(database.in_query(admitted.selected_columns[0], keys))
-    found, count = database.by_distance(kind, vector, keys, checked, k)
+    found, count = database.by_distance(kind, model, vector, keys, checked, k)
     if admitted is not None and len(found) < k and count in (None, n):
         candidates = database.by_bits(kind, model, vector, owners, admitted, n).cte("candidates")
-        found, _count = database.by_distance(kind, vector, sa.select(candidates.c[0]), None, k)
+        found, _count = database.by_distance(kind, model, vector, sa.select(candidates.c[0]), None, k)
     return found
 
 
