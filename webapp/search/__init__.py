@@ -75,17 +75,22 @@ def query_vector(
         nothing.set_result(None)
         return nothing
     app = current_app._get_current_object()  # type: ignore[attr-defined]
+    using = embedder.for_search(agent_id, chat_id)  # read here: the thread may have no connection to spare
     # In a copy of the caller's context (the job run its cost is recorded under), in an app context of its own.
-    return _embedding_threads.submit(contextvars.copy_context().run, _embedded, app, text, agent_id, chat_id)
+    return _embedding_threads.submit(
+        contextvars.copy_context().run, _embedded, app, text, agent_id, chat_id, using
+    )
 
 
 _embedding_threads = ThreadPoolExecutor(max_workers=4, thread_name_prefix="query-embedding")
 
 
-def _embedded(app: Flask, text: str, agent_id: int | None, chat_id: int | None) -> np.ndarray | None:
+def _embedded(
+    app: Flask, text: str, agent_id: int | None, chat_id: int | None, using: embedder.Embedder
+) -> np.ndarray | None:
     with app.app_context():
         try:
-            return embedder.embed([text], agent_id=agent_id, chat_id=chat_id)[0]
+            return embedder.embed([text], agent_id=agent_id, chat_id=chat_id, using=using)[0]
         except embedder.EmbeddingError as error:
             log.warning("searching by words only: %s", error)
             return None

@@ -144,6 +144,13 @@ def account_of(agent_id: int | None, chat_id: int | None) -> Any:
     return db.session.get(Account, owner.account_id) if owner is not None else None
 
 
+def for_search(agent_id: int | None, chat_id: int | None) -> Embedder:
+    """The embedder of a query searching the agent's (or chat's) rows: its account's searched one (the
+    environment's when neither is given)."""
+    account = account_of(agent_id, chat_id)
+    return searched(account) if account is not None else environment()
+
+
 def embed(
     texts: list[str],
     *,
@@ -151,11 +158,8 @@ def embed(
     chat_id: int | None = None,
     using: Embedder | None = None,
 ) -> Vectors:
-    """One unit vector per text, from `using`, or the embedder the agent's (or chat's) account searches by (a
-    query's; the environment's when neither is given)."""
-    if using is None:
-        account = account_of(agent_id, chat_id)
-        using = searched(account) if account is not None else environment()
+    """One unit vector per text, from `using`, or the embedder the agent's (or chat's) account searches by."""
+    using = using or for_search(agent_id, chat_id)
     started = time.monotonic()
     record = {"purpose": "embedding", "agent_id": agent_id, "chat_id": chat_id, "model": using.name}
     record["connection_id"] = using.connection_id
