@@ -13,7 +13,7 @@ from wtforms import PasswordField, SelectField, StringField, TextAreaField
 from wtforms.validators import Length
 
 from webapp.admin import embeddings
-from webapp.admin.common import bp
+from webapp.admin.common import VARY_HTMX, bp
 from webapp.extensions import db
 from webapp.llm import providers, targets
 from webapp.models import Agent
@@ -66,7 +66,7 @@ def _page(form: ConnectionForm, status: int = 200, test_results: dict | None = N
         examples=ADDRESS_EXAMPLES,
         **embeddings.context(account, groups),
     )
-    return html, status, {"Vary": "HX-Request"}
+    return html, status, VARY_HTMX
 
 
 def _background_form(account, groups: list[model_picker.Group]) -> BackgroundForm:

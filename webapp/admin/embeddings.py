@@ -13,7 +13,7 @@ from flask_wtf import FlaskForm
 from wtforms import SelectField, StringField
 from wtforms.validators import Length
 
-from webapp.admin.common import bp
+from webapp.admin.common import VARY_HTMX, bp
 from webapp.extensions import db
 from webapp.jobs import embeddings as embedding_jobs
 from webapp.jobs.queue import enqueue, job_target
@@ -84,7 +84,7 @@ def _progress(account: Account) -> dict:
 def fragment() -> ResponseReturnValue:
     """The progress alone, as the page's section polls it."""
     html = render_template("connections/_embedding_progress.html", **_progress(current_user.account))
-    return html, 200, {"Vary": "HX-Request"}
+    return html, 200, VARY_HTMX
 
 
 def _picked(account: Account) -> str | None:
