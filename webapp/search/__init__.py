@@ -75,17 +75,22 @@ def query_vector(
         nothing.set_result(None)
         return nothing
     app = current_app._get_current_object()  # type: ignore[attr-defined]
+    using = embedder.for_search(agent_id, chat_id)  # read here: the thread may have no connection to spare
     # In a copy of the caller's context (the job run its cost is recorded under), in an app context of its own.
-    return _embedding_threads.submit(contextvars.copy_context().run, _embedded, app, text, agent_id, chat_id)
+    return _embedding_threads.submit(
+        contextvars.copy_context().run, _embedded, app, text, agent_id, chat_id, using
+    )
 
 
 _embedding_threads = ThreadPoolExecutor(max_workers=4, thread_name_prefix="query-embedding")
 
 
-def _embedded(app: Flask, text: str, agent_id: int | None, chat_id: int | None) -> np.ndarray | None:
+def _embedded(
+    app: Flask, text: str, agent_id: int | None, chat_id: int | None, using: embedder.Embedder
+) -> np.ndarray | None:
     with app.app_context():
         try:
-            return embedder.embed([text], agent_id=agent_id, chat_id=chat_id)[0]
+            return embedder.embed([text], agent_id=agent_id, chat_id=chat_id, using=using)[0]
         except embedder.EmbeddingError as error:
             log.warning("searching by words only: %s", error)
             return None
@@ -224,7 +229,8 @@ def nearest(
     candidates are, and they were all RESCORED * k (or none was admitted), the nearest by bits among the
     admitted are taken instead: a longer search, as it reads the scope of every row (an agent's 10,000
     memories: 7 ms against 2 on SQLite, 15 against 5 on PostgreSQL; bench.prompt_memory)."""
-    database, model, n = backend(), embedder.model_name(), RESCORED * k
+    # The vectors of the model that embedded the query (its account's searched one; embedder.embed).
+    database, model, n = backend(), embedder.model_of(vector), RESCORED * k
     # One statement: the candidates are a CTE, read once whatever refers to them.
     candidates = database.by_bits(kind, model, vector, owners, None, n).cte("candidates")
     keys = sa.select(candidates.c[0])
@@ -233,10 +239,10 @@ def nearest(
         # The scope checked by the candidates' keys: given the scope's query alone, PostgreSQL read all of an
         # agent's memories to check 200 (6 ms).
         checked = admitted.where(database.in_query(admitted.selected_columns[0], keys))
-    found, count = database.by_distance(kind, vector, keys, checked, k)
+    found, count = database.by_distance(kind, model, vector, keys, checked, k)
     if admitted is not None and len(found) < k and count in (None, n):
         candidates = database.by_bits(kind, model, vector, owners, admitted, n).cte("candidates")
-        found, _count = database.by_distance(kind, vector, sa.select(candidates.c[0]), None, k)
+        found, _count = database.by_distance(kind, model, vector, sa.select(candidates.c[0]), None, k)
     return found
 
 
