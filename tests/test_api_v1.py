@@ -9,6 +9,7 @@ a worker, redis-server, the fake model) with the official openai client.
 import json
 import subprocess
 import threading
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -627,3 +628,52 @@ def test_the_openai_client_talks_to_an_agent_of_a_running_cairn(cairn, live_app,
     assert [e.status_code for e in refusals] == [404] * 11 + [429]
     assert isinstance(refusals[-1], openai.RateLimitError) and refusals[-1].code == "rate_limit_exceeded"
     assert int(refusals[-1].response.headers["Retry-After"]) > 0
+
+
+def test_a_request_waiting_for_its_reply_ends_when_its_person_is_removed(app, client, admin, ada):
+    """Issue 31, item 1: a /v1 request waits for a reply nobody writes; its person is removed meanwhile: the
+    request ends within seconds, refused, instead of waiting out its time."""
+    from webapp.models import User
+
+    milo = factories.user(admin.account, "milo@example.com", "member")
+    secret, milo_id, admin_id = _key(milo), milo.id, admin.id
+    app.config.update(STREAM_KEEPALIVE_SECONDS=0.5, API_REPLY_SECONDS=30)
+
+    def remove_milo():
+        with app.app_context():
+            wait_for(lambda: _api_chats(), seconds=10, what="the request to ask")
+            db.session.get(User, milo_id).remove(by=db.session.get(User, admin_id))
+            db.session.commit()
+
+    thread = threading.Thread(target=remove_milo)
+    thread.start()
+    started = time.monotonic()
+    refused = _ask(client, secret, _body("Still there?"), worker=False)
+    thread.join()
+
+    assert refused.status_code == 403 and refused.json["error"]["code"] == "access_revoked"
+    assert time.monotonic() - started < 10
+
+
+def test_restoring_a_person_revives_neither_their_keys_nor_their_sign_in_link(app, client, admin, ada):
+    from webapp.models import User
+
+    milo = factories.user(admin.account, "milo@example.com", "member")
+    secret = _key(milo)
+    invited = User(account=admin.account, email="ines@example.com", role="member")
+    db.session.add(invited)
+    link_token = invited.invite()
+    db.session.commit()
+    for person in (milo, invited):
+        person.remove(by=admin)
+    db.session.commit()
+    for person in (milo, invited):
+        person.restore()
+    db.session.commit()
+
+    refused = client.get("/v1/models", headers=_auth(secret))
+    assert refused.status_code == 401
+    assert User.for_invite(link_token) is None
+    assert client.get(f"/welcome/{link_token}").status_code in (404, 410, 200)
+    fresh = _key(db.session.get(User, milo.id))
+    assert client.get("/v1/models", headers=_auth(fresh)).status_code == 200

@@ -18,7 +18,7 @@ from tests.conftest import Auth, wait_for
 from webapp import events
 from webapp.extensions import db
 from webapp.jobs.queue import rq_queue
-from webapp.models import AuditLog, Chat, ChatAgent, ChatPerson, Message, ReplySources, public_ids
+from webapp.models import AuditLog, Chat, ChatAgent, ChatPerson, Message, ReplySources, User, public_ids
 from webapp.timeutil import utcnow
 
 SECRET = "PLUM-7731"
@@ -505,3 +505,57 @@ def test_a_member_is_told_an_admin_governs_a_chat_from_before_people(client, aut
 
     assert "An admin can add people to it and make it private." in page
     assert "Its people can add others" not in page
+
+
+@pytest.mark.parametrize("which", ["private", "shared"])
+def test_a_removed_persons_open_stream_receives_nothing_posted_after_the_removal(
+    app, acme, admin, member, sam, ada, which
+):
+    """Issue 31, item 1: B holds the stream of a chat B is a person of (private) or of a shared chat; an admin
+    removes B; what is posted afterwards never reaches B's stream, which ends at once."""
+    chat = factories.chat(acme, [ada], "Ours", people=[member, sam] if which == "private" else [])
+    chat_id, sam_id, admin_id, owner_id = chat.id, sam.id, admin.id, member.id
+    tab = Auth(Client(app))
+    tab.login(sam)
+
+    def admin_side():
+        with app.app_context():
+            wait_for(lambda: events._relay()._inboxes.get(chat_id), seconds=10, what="the stream to listen")
+            db.session.get(User, sam_id).remove(by=db.session.get(User, admin_id))
+            db.session.commit()
+            posted = db.session.get(Chat, chat_id).add_message(
+                role="user", content="after the removal", user_id=owner_id, status="done"
+            )
+            db.session.commit()
+            events.publish(chat_id, "new", posted.id)
+
+    thread = threading.Thread(target=admin_side)
+    thread.start()
+    started = time.monotonic()
+    body = tab.client.get(f"/chats/{chat_id}/stream?seconds=20").get_data(as_text=True)
+    thread.join()
+
+    assert "after the removal" not in body
+    assert time.monotonic() - started < 5  # it ended at the message, not when its time was up
+
+
+def test_a_removed_persons_silent_stream_ends_within_seconds(app, acme, admin, sam, ada):
+    app.config["STREAM_KEEPALIVE_SECONDS"] = 0.5
+    chat = factories.chat(acme, [ada], "Quiet")
+    chat_id, sam_id, admin_id = chat.id, sam.id, admin.id
+    tab = Auth(Client(app))
+    tab.login(sam)
+
+    def admin_side():
+        with app.app_context():
+            wait_for(lambda: events._relay()._inboxes.get(chat_id), seconds=10, what="the stream to listen")
+            db.session.get(User, sam_id).remove(by=db.session.get(User, admin_id))
+            db.session.commit()
+
+    thread = threading.Thread(target=admin_side)
+    thread.start()
+    started = time.monotonic()
+    tab.client.get(f"/chats/{chat_id}/stream?seconds=30").get_data()
+    thread.join()
+
+    assert time.monotonic() - started < 10  # a keepalive after the recheck interval, not the 30 s

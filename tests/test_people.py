@@ -342,3 +342,42 @@ def test_one_sign_in_link_used_twice_at_once_sets_one_password(admin):
 
     assert not late.accept_invite("another fine passphrase")
     assert late.check_password(NEW_PASSWORD)
+
+
+@pytest.mark.parametrize("change", ["demote", "remove"])
+def test_two_admins_taking_each_other_away_at_once_leave_the_account_an_admin(app, admin, change):
+    """Each admin, in a session of its own, demotes (or removes) the other at the same moment, ten times over:
+    one of them wins each time, never both (on SQLite as on PostgreSQL)."""
+    import threading
+
+    from webapp.models import User
+
+    other = factories.user(admin.account, "ola@example.com", "admin")
+    ids = (admin.id, other.id)
+    for _ in range(10):
+        db.session.execute(sa.update(User).where(User.id.in_(ids)).values(role="admin", removed_at=None))
+        db.session.commit()
+        start = threading.Barrier(2)
+
+        def take_away(actor_id: int, target_id: int, start: threading.Barrier = start) -> None:
+            with app.app_context():
+                actor, target = db.session.get(User, actor_id), db.session.get(User, target_id)
+                start.wait()
+                try:
+                    target.change_role("member", by=actor) if change == "demote" else target.remove(by=actor)
+                    db.session.commit()
+                except PersonChangeRefused:
+                    db.session.rollback()
+                finally:
+                    db.session.remove()
+
+        threads = [threading.Thread(target=take_away, args=pair) for pair in (ids, ids[::-1])]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        db.session.expire_all()
+        admins = db.session.scalars(
+            sa.select(User.id).where(User.id.in_(ids), User.role == "admin", User.removed_at.is_(None))
+        ).all()
+        assert len(admins) == 1, f"{len(admins)} admins left"

@@ -17,14 +17,16 @@ from flask import Response, current_app
 
 from webapp.api.errors import ApiError
 from webapp.extensions import db
-from webapp.models import Message
+from webapp.models import Message, access
 
 
 @dataclass
 class Stored:
     """The reply as the database holds it."""
 
-    status: str  # pending, streaming, done, failed; "gone" when the reply was deleted (edited away in Cairn)
+    # pending, streaming, done, failed; "gone" when the reply was deleted (edited away in Cairn); "revoked" when
+    # its person may no longer read the chat (removed from the account, or taken out of a private chat)
+    status: str
     content: str = ""
     error: str | None = None
     input_tokens: int = 0
@@ -34,7 +36,7 @@ class Stored:
     @property
     def final(self) -> bool:
         """Nothing more will come of following it: finished, failed, deleted, or waited for long enough."""
-        return self.timed_out or self.status in ("done", "failed", "gone")
+        return self.timed_out or self.status in ("done", "failed", "gone", "revoked")
 
     @property
     def restarting(self) -> bool:
@@ -54,10 +56,24 @@ def _stored(reply_id: int) -> Stored:
     return stored
 
 
-def follow(inbox: queue.Queue, reply_id: int, seconds: float) -> Iterator[str | Stored | None]:
+def _allowed(reader: tuple[int, int], chat_id: int) -> bool:
+    allowed = access.may_read(*reader, chat_id)
+    db.session.close()  # hold no database connection while waiting
+    return allowed
+
+
+def _revoked() -> Stored:
+    return Stored("revoked", error="You may no longer read this conversation.")
+
+
+def follow(
+    inbox: queue.Queue, reply_id: int, seconds: float, reader: tuple[int, int], chat_id: int
+) -> Iterator[str | Stored | None]:
     """The reply's text as it streams (str), None after each keepalive interval of silence, the stored reply
     when it fails and will be written again, and last the finished reply (or, after `seconds`, the unfinished
-    one, timed_out)."""
+    one, timed_out). Before anything but text, and at each keepalive, it asks whether the person (`reader`: their
+    id and account's) may still read the chat: if not, it ends with a revoked reply (within a keepalive interval
+    of a removal)."""
     keepalive = current_app.config["STREAM_KEEPALIVE_SECONDS"]
     deadline = time.monotonic() + seconds
     while (left := deadline - time.monotonic()) > 0:
@@ -70,6 +86,9 @@ def follow(inbox: queue.Queue, reply_id: int, seconds: float) -> Iterator[str | 
         if event is not None and event["kind"] == "delta":
             yield event["text"]
             continue
+        if not _allowed(reader, chat_id):
+            yield _revoked()
+            return
         stored = _stored(reply_id)
         if stored.final or stored.restarting:
             yield stored
@@ -77,13 +96,16 @@ def follow(inbox: queue.Queue, reply_id: int, seconds: float) -> Iterator[str | 
             return
         if event is None:
             yield None
-    stored = _stored(reply_id)
-    stored.timed_out = stored.status not in ("done", "failed", "gone")
+    stored = _stored(reply_id) if _allowed(reader, chat_id) else _revoked()
+    stored.timed_out = stored.status not in ("done", "failed", "gone", "revoked")
     yield stored
 
 
 def refusal(name: str, stored: Stored, seconds: float) -> ApiError:
-    """Why the reply did not come: it failed (502), no worker took it (503), or it took too long (504)."""
+    """Why the reply did not come: its person may no longer read the chat (403), it failed (502), no worker took
+    it (503), or it took too long (504)."""
+    if stored.status == "revoked":
+        return ApiError(403, f"{stored.error}", kind="permission_error", code="access_revoked")
     if stored.status in ("failed", "gone"):
         return ApiError(
             502, f"{name} could not answer: {stored.error}", kind="server_error", code="reply_failed"

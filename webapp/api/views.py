@@ -77,7 +77,8 @@ def chat_completions() -> ResponseReturnValue:
         held.callback(_stream_slot(person.id, seconds))
         chat = chat_for(person, asked)
         inbox = held.enter_context(events.subscribed(chat.id))  # before the reply is asked for: none missed
-        answer = follow(inbox, _ask(chat, person, asked), seconds)
+        reader = (person.id, person.account_id)
+        answer = follow(inbox, _ask(chat, person, asked), seconds, reader, chat.id)
         if not asked.stream:
             return waited(completion, name, answer, seconds)
         kept = held.pop_all()  # let go by the stream

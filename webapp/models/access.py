@@ -21,10 +21,13 @@ from webapp.models.memories import AgentMemory
 
 
 def people_of(chat: Chat) -> list[int]:
-    """The ids of a chat's people, in the order they joined."""
+    """The ids of a chat's people, in the order they joined; a person removed from the account is no one."""
     return list(
         db.session.scalars(
-            sa.select(ChatPerson.user_id).where(ChatPerson.chat_id == chat.id).order_by(ChatPerson.created_at)
+            sa.select(ChatPerson.user_id)
+            .join(User, User.id == ChatPerson.user_id)
+            .where(ChatPerson.chat_id == chat.id, User.removed_at.is_(None))
+            .order_by(ChatPerson.created_at)
         )
     )
 
@@ -52,7 +55,20 @@ def chats_read_by(account_id: int, people: Sequence[int] | None) -> sa.ColumnEle
 def readable_chats(user: User) -> sa.ColumnElement[bool]:
     """Condition on Chat: the chats this person may read (admins too: they manage agents and memory, they do not
     read other people's private chats)."""
-    return chats_read_by(user.account_id, [user.id])
+    return chats_readable_by(user.id, user.account_id)
+
+
+def chats_readable_by(user_id: int, account_id: int) -> sa.ColumnElement[bool]:
+    """readable_chats by the person's ids: none once they are removed from the account, asked of the database
+    each time, so a stream or a request that loaded the person before their removal reads nothing after it."""
+    still_here = sa.exists().where(User.id == user_id, User.removed_at.is_(None))
+    return sa.and_(still_here, chats_read_by(account_id, [user_id]))
+
+
+def may_read(user_id: int, account_id: int, chat_id: int) -> bool:
+    """Whether the person may read this chat now (one query)."""
+    query = sa.select(Chat.id).where(Chat.id == chat_id, chats_readable_by(user_id, account_id))
+    return db.session.scalar(query) is not None
 
 
 def chats_heard_in(chat: Chat) -> sa.ColumnElement[bool]:

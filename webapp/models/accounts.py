@@ -2,7 +2,7 @@ import functools
 import hashlib
 import secrets
 from datetime import datetime
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from flask import current_app
@@ -228,8 +228,7 @@ class User(UserMixin, db.Model):
             return
         if by is self:
             raise PersonChangeRefused("You cannot change your own role; another admin can.")
-        self._keep_an_admin()
-        self.role = role
+        self._keep_an_admin(role=role)
 
     def remove(self, *, by: "User | None") -> None:
         """Take this person out of the account: each of their sign-ins ends now and no new one starts. Nothing
@@ -238,26 +237,44 @@ class User(UserMixin, db.Model):
             raise PersonChangeRefused("You cannot remove yourself; another admin can.")
         if self.is_removed:
             return
-        self._keep_an_admin()
-        self.removed_at = utcnow()
+        self._keep_an_admin(removed_at=utcnow())
         self.end_all_sessions()
+        # Restoring them later revives neither: they get a new sign-in link, and make new keys.
+        for key in getattr(self, "api_keys", []):  # ApiKey.user's backref (webapp.models.api_keys)
+            key.revoked_at = key.revoked_at or utcnow()
+        if not self.has_password:
+            self.password_hash = NO_PASSWORD + secrets.token_urlsafe(16)  # the link they had stops working
 
     def restore(self) -> None:
-        """Take a removed person back: they sign in as before (an invited one needs a new sign-in link)."""
+        """Take a removed person back: they sign in as before with their password (an invited one needs a new
+        sign-in link; their API keys stay revoked)."""
         self.removed_at = None
 
-    def _keep_an_admin(self) -> None:
-        """Refuse to take away the account's last admin. The account's row is locked first, so two admins
-        demoting each other at the same moment cannot both succeed (PostgreSQL)."""
+    def _keep_an_admin(self, **change: Any) -> None:
+        """Make the change (a role, a removal) unless it would take away the account's last admin, which is
+        refused. Two admins demoting or removing each other at the same moment cannot both succeed: the check is
+        inside the one UPDATE that makes the change, which SQLite runs holding its write lock, and PostgreSQL
+        after the account's row is locked (its UPDATE reads only what was committed when it started)."""
         if not self.is_admin or self.is_removed:
+            for name, value in change.items():
+                setattr(self, name, value)
             return
         db.session.execute(sa.select(Account.id).where(Account.id == self.account_id).with_for_update())
-        others = db.session.scalar(
+        other = sa.orm.aliased(User)
+        other_admins = (
             sa.select(sa.func.count())
-            .select_from(User)
-            .where(User.active_in(self.account_id), User.role == "admin", User.id != self.id)
+            .select_from(other)
+            .where(
+                other.account_id == self.account_id,
+                other.removed_at.is_(None),
+                other.role == "admin",
+                other.id != self.id,
+            )
+            .scalar_subquery()
         )
-        if not others:
+        change_unless_last = sa.update(User).where(User.id == self.id, other_admins > 0).values(**change)
+        done = db.session.execute(change_unless_last, execution_options={"synchronize_session": "fetch"})
+        if done.rowcount != 1:
             raise PersonChangeRefused(
                 f"{self.display_name} is the account's only admin: make someone else an admin first."
             )

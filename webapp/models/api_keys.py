@@ -34,7 +34,7 @@ class ApiKey(db.Model):
     last_used_at: Mapped[datetime | None]
     revoked_at: Mapped[datetime | None]
 
-    user: Mapped[User] = relationship()
+    user: Mapped[User] = relationship(backref="api_keys")
 
     @property
     def is_revoked(self) -> bool:

@@ -746,10 +746,11 @@ def stream(chat_id: int) -> ResponseReturnValue:
         streamed: dict[int, str] = {}  # each reply's text since its last "final" event
         checked_at = time.monotonic()
         for event in events.listen(chat.id, seconds, keepalive):
-            # Asked before each message is sent, and every few seconds of streamed text (not while idle).
-            if event is not None and (
-                event["kind"] != "delta" or time.monotonic() - checked_at > STREAM_RECHECK_SECONDS
-            ):
+            # Asked before each message is sent, and every few seconds of streamed text or of silence (at each
+            # keepalive), so a stream ends within seconds once its person may no longer read the chat.
+            if (
+                event is not None and event["kind"] != "delta"
+            ) or time.monotonic() - checked_at > STREAM_RECHECK_SECONDS:
                 if not _still_readable(chat):
                     return
                 checked_at = time.monotonic()
