@@ -283,3 +283,11 @@ def _connection_or_404(key: str):
     if connection is None:
         abort(404)
     return connection
+
+
+@bp.post("/connections/embeddings/test")
+@admin_required
+def test_embedder() -> ResponseReturnValue:
+    """Embed one sentence with the picked model (not saved); the page says what worked or what failed."""
+    result = embeddings.tested(current_user.account)
+    return _page(ConnectionForm(kind="openai"), test_results={"embeddings": result})

@@ -133,13 +133,8 @@ def resume_embedding() -> ResponseReturnValue:
     return redirect(url_for("admin.connections", _anchor="embeddings"), code=303)
 
 
-@bp.post("/connections/embeddings/test")
-@admin_required
-def test_embedder() -> ResponseReturnValue:
-    """Embed one sentence with the picked model (not saved); the page says what worked or what failed."""
-    from webapp.admin.connections import ConnectionForm, _page
-
-    account = current_user.account
+def tested(account: Account) -> providers.TestResult:
+    """Embed one sentence with the model picked on the form (not saved): what worked, or what failed."""
     result = providers.TestResult(ok=False)
     try:
         candidate = embedder.resolve(account.id, _picked(account))
@@ -151,4 +146,4 @@ def test_embedder() -> ResponseReturnValue:
     else:
         result.ok = True
         result.steps.append(f"{candidate.described} answered a vector of {vectors.shape[1]:,} dimensions.")
-    return _page(ConnectionForm(kind="openai"), test_results={"embeddings": result})
+    return result
