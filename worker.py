@@ -49,6 +49,7 @@ from webapp.factory import create_app
 from webapp.jobs.queue import redis_connection, sweep_forever, wait_for_redis, worker_queues
 from webapp.llm import targets
 from webapp.runtime import set_loaded_aside
+from webapp.search import embedder
 from webapp.web.health import WORKER_TTL_SECONDS
 
 log = logging.getLogger("rq.worker")  # printed by the handler RQ sets up
@@ -195,9 +196,11 @@ def install_stop_handlers(stop: threading.Event) -> None:
 
 
 def preload(app: Flask) -> None:
-    """Load at start what the first job would otherwise wait for: the tokenizer (over a second), the job modules,
-    the prompt templates, the model client's API classes and response validators, and the ORM mappers."""
+    """Load at start what the first job would otherwise wait for: the tokenizer (over a second), the local embedder
+    (its imports and model, half a second: a reply embeds its query), the job modules, the prompt templates, the
+    model client's API classes and response validators, and the ORM mappers."""
     tokens.encoder()
+    embedder.preload(app)
     jobs.load_all()
     prompting.compile_all()
     with app.app_context():  # the openai SDK imports its resources on first use (a client, kept, made here)

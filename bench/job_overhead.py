@@ -7,10 +7,17 @@ Printed: what a worker could pay per job (a fork of the loaded worker, a fresh d
 context, tiktoken's encoder loaded cold in a new process), then for replies sent one after another (each
 enqueued once the previous one is done): enqueue-to-done minus the model call, split into the wait before the
 job's run starts (dequeue, and a fork when the worker forks) and the job's own time above its model call (what
-bench.load reports as the reply job overhead).
+bench.load reports as the reply job overhead; the model call is the reply's request, so the query's embedding
+counts as the job's own work). Then where that own time goes, step by step, as the worker's stopwatch
+(bench.timed_worker) saw it, with the SQL statements of the job's thread and the time they took.
+
+By default a message's embedding runs beside its reply in the same worker, as when people write; --alone asks
+each reply once that and the previous reply's background work are done. The host's speed drifts: compare two
+commits by running them alternately in one session, never with figures from another day.
 """
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -78,11 +85,15 @@ def _context(app):
     return push_pop
 
 
-def replies(chat_id: int, count: int) -> None:
-    waits, overheads, totals = [], [], []
+def replies(chat_id: int, count: int, timings: Path, *, alone: bool, statements: bool) -> None:
+    waits, overheads, totals, runs = [], [], [], []
     for _ in range(count + 1):  # the first one warms the worker up and is not counted
         chat = db.session.get(Chat, chat_id)
         chat.add_message(role="user", content="How are you?", status="done")
+        if alone:  # the message's embedding, and what the last reply queued, done before the reply is asked
+            db.session.commit()
+            _settle()
+            chat = db.session.get(Chat, chat_id)
         [reply] = request_replies(chat, list(chat.agents))
         started = time.perf_counter()
         db.session.commit()  # the job goes on the queue now
@@ -95,21 +106,99 @@ def replies(chat_id: int, count: int) -> None:
             time.sleep(0.005)
         total = (time.perf_counter() - started) * 1000
         run = _finished_run(f"messages:{reply_id}")
-        model = db.session.scalar(
-            sa.select(sa.func.sum(LlmCall.latency_ms)).where(LlmCall.job_run_id == run.id)
-        )
-        own = (run.finished_at - run.started_at).total_seconds() * 1000 - model
-        totals.append(total - model)
+        own = (run.finished_at - run.started_at).total_seconds() * 1000 - _model_ms(run.id)
+        totals.append(total - _model_ms(run.id))
         overheads.append(own)
-        waits.append(total - model - own)
-    totals, waits, overheads = totals[1:], waits[1:], overheads[1:]
+        waits.append(total - _model_ms(run.id) - own)
+        runs.append(run.id)
+    totals, waits, overheads, runs = totals[1:], waits[1:], overheads[1:], runs[1:]
     print(f"\n{count} replies one after another, model {MODEL_LATENCY * 1000:.0f} ms before its first token")
     for label, values in (
         ("enqueue-to-done minus the model call", totals),
         ("  before the run starts (dequeue, fork)", waits),
         ("  the job's own time above its model call", overheads),
     ):
-        print(f"  {label:42} p50 {percentile(values, 50):7.0f} ms  p95 {percentile(values, 95):7.0f} ms")
+        _line(label, values)
+    _split(runs, timings, statements)
+
+
+def _model_ms(run_id: int) -> float:
+    """The reply's model calls (not the query's embedding, which is part of the job's own work)."""
+    return db.session.scalar(
+        sa.select(sa.func.sum(LlmCall.latency_ms)).where(
+            LlmCall.job_run_id == run_id, LlmCall.purpose == "reply"
+        )
+    )
+
+
+def _settle() -> None:
+    """Wait until the background jobs queued so far (embeddings, a summary) are done (--alone)."""
+    while True:
+        db.session.rollback()
+        busy = db.session.scalar(
+            sa.select(sa.func.count()).where(
+                JobRun.job_type != "reply", JobRun.status.in_(("queued", "running"))
+            )
+        )
+        if not busy:
+            return
+        time.sleep(0.005)
+
+
+def _split(runs: list[int], timings: Path, statements: bool) -> None:
+    """Where the job's own time goes, step by step (bench.timed_worker's stopwatch in the worker)."""
+    while True:  # the worker writes a run's line once its job returns, just after the run is marked done
+        lines = [json.loads(line) for line in timings.read_text().splitlines()]
+        by_run = {line["run_id"]: line for line in lines if line["run_id"] in runs}
+        if len(by_run) == len(runs):
+            break
+        time.sleep(0.05)
+    steps = [by_run[run_id]["steps"] for run_id in runs]
+    for run_id, step in zip(runs, steps, strict=True):
+        step["run"] -= _model_ms(run_id) + step.pop("after the run", 0.0)
+        step["tool loop above its model call"] = step.pop("tool loop", 0.0) - _model_ms(run_id)
+        named = sum(step.get(label, 0.0) for label, _depth in SPLIT[1:] if _depth == 1)
+        step["the rest"] = step["run"] - named
+    print("\n  the job's own time, step by step (bench.timed_worker; a step's lines below it are part of it)")
+    for label, depth in SPLIT:
+        _line("  " * depth + ("own time" if label == "run" else label), [s.get(label, 0.0) for s in steps])
+    _line("  SQL statements of the job's own thread", [len(by_run[r]["sql"]) for r in runs], unit="")
+    _line("    the time they took", [by_run[r]["sql_ms"] for r in runs])
+    if statements:
+        print("\n  the SQL statements of the last reply, in order")
+        print("\n".join(f"    {line}" for line in by_run[runs[-1]]["sql"]))
+
+
+# The steps printed, with their depth: each step's time includes that of the deeper ones listed after it.
+SPLIT = [
+    ("run", 0),
+    ("prompt", 1),
+    ("recent messages", 2),
+    ("access rule (a chat's people)", 2),
+    ("relevant memories", 2),
+    ("any vectors?", 3),
+    ("query embedding (own thread)", 3),
+    ("its ledger row", 4),
+    ("fused search", 3),
+    ("by words", 4),
+    ("memories within budget", 2),
+    ("memory section", 2),
+    ("other conversations", 2),
+    ("fit to budget (tokens)", 2),
+    ("tool loop above its model call", 1),
+    ("record sources", 1),
+    ("after success (enqueues)", 1),
+    ("close run", 1),
+    ("commits between them", 1),
+    ("events published between them", 1),
+    ("stop flag read between them", 1),
+    ("Redis locks taken between them", 1),
+    ("the rest", 1),
+]
+
+
+def _line(label: str, values: list[float], unit: str = " ms") -> None:
+    print(f"  {label:52} p50 {percentile(values, 50):7.1f}{unit:3}  p95 {percentile(values, 95):7.1f}{unit}")
 
 
 def _finished_run(target: str) -> JobRun:
@@ -128,6 +217,15 @@ def _finished_run(target: str) -> JobRun:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--replies", type=int, default=30)
+    parser.add_argument(
+        "--alone",
+        action="store_true",
+        help="ask each reply once the background work queued before it is done, its message's embedding "
+        "included (by default that embedding runs beside the reply, in the same worker, as when people write)",
+    )
+    parser.add_argument(
+        "--statements", action="store_true", help="print the SQL statements of the last reply"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         socket = Path(tmp) / "redis.sock"
@@ -148,10 +246,12 @@ def main() -> None:
             with app.app_context():
                 components(app)
                 log = open(Path(tmp) / "worker.log", "w")  # noqa: SIM115 (closed with the directory)
-                worker = [sys.executable, "worker.py"]
-                processes.append(subprocess.Popen(worker, cwd=ROOT, env=env, stdout=log, stderr=log))
+                timings = Path(tmp) / "timings.jsonl"
+                worker = [sys.executable, "-m", "bench.timed_worker"]
+                worker_env = {**env, "BENCH_TIMINGS": str(timings)}
+                processes.append(subprocess.Popen(worker, cwd=ROOT, env=worker_env, stdout=log, stderr=log))
                 [(_, chat_id)] = seed_users(1, "overhead")
-                replies(chat_id, args.replies)
+                replies(chat_id, args.replies, timings, alone=args.alone, statements=args.statements)
                 db.session.remove()
                 db.engine.dispose()
         finally:

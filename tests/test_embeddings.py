@@ -371,7 +371,7 @@ def test_reindex_after_a_model_change_embeds_everything_again_with_the_new_model
 
 def test_a_stopped_reindex_goes_on_where_it_stopped(app, runner, ada, fake_llm, remote_embedder, monkeypatch):
     memories = [factories.memory(ada, f"memory {i}") for i in range(3)]
-    monkeypatch.setattr("webapp.cli.memories.REINDEX_BATCH", 1)
+    monkeypatch.setattr("webapp.search.indexing.BATCH", 1)
     fake_llm.reply(model=remote_embedder)  # vectors for the first batch
     fake_llm.fail(500, "embedder down", model=remote_embedder)  # then it fails
 

@@ -9,6 +9,7 @@ from rq import SimpleWorker
 from rq.job import JobStatus
 
 from tests import factories
+from tests.querycount import count_queries
 from webapp.extensions import db
 from webapp.jobs.queue import rq_queue, worker_queues
 from webapp.jobs.replies import DELTA_INTERVAL_SECONDS, ReplyFailed, request_replies, respond
@@ -590,3 +591,27 @@ def test_redis_restarting_while_a_reply_streams_does_not_fail_it(
     respond([reply.id])
 
     assert (_fresh(reply).status, _fresh(reply).content) == ("done", "Still here after the outage.")
+
+
+def test_a_reply_runs_the_same_statements_however_long_its_chat(app, fake_llm, admin, ada):
+    """The reply job's own work is a fixed number of statements (bench.job_overhead prints them): the message is
+    read with its chat, agent and sources in one statement each time a commit expired it, the transcript without
+    its messages' sources."""
+
+    def statements_for(messages: int) -> list[str]:
+        chat = factories.chat(admin.account, [ada])
+        for i in range(messages):
+            factories.message(chat, f"Message {i}: I like green tea.", author=admin)
+            factories.memory(ada, f"Memory {messages}-{i}: green tea.", "core")
+        [reply] = _pending(chat, ada)
+        reply_id = reply.id
+        db.session.expire_all()  # as a worker's job starts: nothing loaded
+        with count_queries() as counted:
+            respond([reply_id])
+        assert _fresh(reply).status == "done"
+        return counted.statements
+
+    short, long = statements_for(2), statements_for(60)
+
+    assert len(short) == len(long) <= 40
+    assert not [s for s in long if s.lstrip().startswith("SELECT reply_sources")]

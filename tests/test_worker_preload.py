@@ -11,16 +11,28 @@ from webapp import prompting, tokens
 from webapp.extensions import db
 from webapp.jobs.queue import JOB_TYPES, enqueue
 from webapp.models import JobRun
+from webapp.search import embedder
 
 
-def test_preload_loads_the_tokenizer_jobs_and_templates(app):
+def test_preload_loads_the_tokenizer_embedder_jobs_and_templates(app, monkeypatch):
     tokens.encoder.cache_clear()
+    monkeypatch.setattr(embedder, "_local_embedder", None)
 
     worker.preload(app)
 
     assert tokens.encoder.cache_info().currsize == 1
+    assert embedder._local_embedder is not None  # a reply's query embedding does not wait for it
     assert {"reply", "consolidate", "summarize"} <= set(JOB_TYPES)
     assert len(prompting._env.cache) >= 5  # every prompt template parsed
+
+
+def test_preload_leaves_the_local_embedder_unloaded_when_an_endpoint_embeds(app, monkeypatch):
+    app.config["EMBEDDING_BASE_URL"] = "http://127.0.0.1:9/v1"
+    monkeypatch.setattr(embedder, "_local_embedder", None)
+
+    worker.preload(app)
+
+    assert embedder._local_embedder is None
 
 
 def test_jobs_run_in_the_worker_process_itself(live_app, worker_process):

@@ -44,6 +44,9 @@ def page_of(query: sa.Select, page: int, per_page: int = PER_PAGE) -> tuple[list
     return rows[:per_page], len(found) > per_page
 
 
+VARY_HTMX = {"Vary": "HX-Request"}  # the headers of a URL that answers HTMX with a fragment of its page
+
+
 def from_htmx() -> bool:
     """True when HTMX sent this form post, so a fragment answers it (the admin's one test of that)."""
     return bool(request.headers.get("HX-Request"))

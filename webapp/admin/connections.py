@@ -12,7 +12,8 @@ from flask_wtf import FlaskForm
 from wtforms import PasswordField, SelectField, StringField, TextAreaField
 from wtforms.validators import Length
 
-from webapp.admin.common import bp
+from webapp.admin import embeddings
+from webapp.admin.common import VARY_HTMX, bp
 from webapp.extensions import db
 from webapp.llm import providers, targets
 from webapp.models import Agent
@@ -41,6 +42,8 @@ class BackgroundForm(FlaskForm):
 @admin_required
 def connections() -> ResponseReturnValue:
     """The account's connections, the environment's first, with their models and last check."""
+    if request.headers.get("HX-Target") == embeddings.FRAGMENT:
+        return embeddings.fragment()
     return _page(ConnectionForm(kind="openai"))
 
 
@@ -61,8 +64,9 @@ def _page(form: ConnectionForm, status: int = 200, test_results: dict | None = N
         users=_users_by_connection(account.id),
         test_results=test_results or {},
         examples=ADDRESS_EXAMPLES,
+        **embeddings.context(account, groups),
     )
-    return html, status
+    return html, status, VARY_HTMX
 
 
 def _background_form(account, groups: list[model_picker.Group]) -> BackgroundForm:
@@ -279,3 +283,11 @@ def _connection_or_404(key: str):
     if connection is None:
         abort(404)
     return connection
+
+
+@bp.post("/connections/embeddings/test")
+@admin_required
+def test_embedder() -> ResponseReturnValue:
+    """Embed one sentence with the picked model (not saved); the page says what worked or what failed."""
+    result = embeddings.tested(current_user.account)
+    return _page(ConnectionForm(kind="openai"), test_results={"embeddings": result})

@@ -22,7 +22,7 @@ from webapp.jobs.queue import enqueue
 from webapp.jobs.refinement import agents_due_query, refine_agent, refine_due
 from webapp.jobs.reflection import agents_to_reflect_query, reflect_agent, reflect_all
 from webapp.llm import LLMError
-from webapp.models import Agent, AgentMemory, AuditLog, Chat, MemoryProposal, Message, User
+from webapp.models import Account, Agent, AgentMemory, AuditLog, Chat, MemoryProposal, User
 from webapp.models.audit import dedup_for_agent, record_change
 from webapp.models.proposals import (
     ProposalRefused,
@@ -32,7 +32,7 @@ from webapp.models.proposals import (
     session_limits,
 )
 from webapp.models.search import EMBEDDED_KINDS
-from webapp.search import embedder, indexing
+from webapp.search import indexing
 from webapp.search.embedder import EmbeddingError
 from webapp.timeutil import utcnow
 
@@ -40,7 +40,6 @@ memories_cli = AppGroup(
     "memories", help="Agents' memories: consolidation, reflection, refinement and its proposals, backfills."
 )
 BACKFILL_BATCH = 500
-REINDEX_BATCH = 64
 SEARCHED_TABLES = ("agent_memories", "messages")
 PLURAL = {"memory": "memories", "message": "messages"}
 
@@ -307,8 +306,9 @@ def _untied() -> sa.Select:
 def reindex(everything: bool) -> None:
     """Rebuild every search index of memories and messages: full text, term statistics and vectors.
 
-    Vectors are written for the rows lacking one of the current model, in committed batches: a run that was
-    stopped continues where it stopped."""
+    Vectors are written for the rows lacking one of their account's chosen embedder, in committed batches: a run
+    that was stopped continues where it stopped. An account whose new embedder's vectors are then all written
+    searches by them from then on."""
     backend = search.backend()
     backend.rebuild_lexical(SEARCHED_TABLES)
     backend.refresh_term_stats()
@@ -322,69 +322,54 @@ def reindex(everything: bool) -> None:
         click.echo(f"vectors: not available ({no_vectors_reason()})")
         return
     try:
-        written = {kind: _embed_all(kind, everything) for kind in EMBEDDED_KINDS}
+        written = [_fill(account, everything) for account in db.session.scalars(sa.select(Account)).all()]
     except EmbeddingError as error:
         db.session.rollback()
         click.echo(f"vectors: failed: {error} What was written is kept: run it again to go on.", err=True)
         sys.exit(1)
     removed = sum(_remove_stale_vectors(kind) for kind in EMBEDDED_KINDS)
     db.session.commit()
-    model = embedder.model_name()
-    if not any(written.values()):
-        click.echo(f"vectors ({model}): nothing missing")
-    else:
-        memories, messages = (_count(written[kind], kind) for kind in EMBEDDED_KINDS)
-        click.echo(f"vectors ({model}): {memories} and {messages} embedded")
+    for account, counts in written:
+        said = f"{account.name}: vectors ({counts['model']}): "
+        if not any(counts[kind] for kind in EMBEDDED_KINDS):
+            click.echo(said + "nothing missing")
+        else:
+            memories, messages = (_count(counts[kind], kind) for kind in EMBEDDED_KINDS)
+            click.echo(said + f"{memories} and {messages} embedded")
+        if counts["switched"]:
+            click.echo(f"{account.name}: search now ranks by {counts['model']}")
     if removed:
         click.echo(f"vectors: {removed:,} removed (of deleted memories and of messages no longer readable)")
+
+
+def _fill(account: Account, everything: bool) -> tuple[Account, dict]:
+    """The account's vectors of its chosen embedder (indexing.fill), with a progress bar per kind."""
+    bars: dict[str, tuple] = {}
+
+    def step(kind: str, done: int, total: int) -> None:
+        if kind not in bars:
+            bar = click.progressbar(length=total, label=f"{account.name}: vectors of {PLURAL[kind]}")
+            bars[kind] = (bar.__enter__(), 0)
+        bar, shown = bars[kind]
+        bar.update(done - shown)
+        bars[kind] = (bar, done)
+
+    try:
+        return account, indexing.fill(account, everything, step)
+    finally:
+        for bar, _shown in bars.values():
+            bar.__exit__(None, None, None)
 
 
 def _count(number: int, kind: str) -> str:
     return f"{number:,} {kind if number == 1 else PLURAL[kind]}"
 
 
-def _searched(kind: str) -> tuple[type, tuple[sa.ColumnElement[bool], ...]]:
-    """The model whose rows of this kind carry vectors, and which of its rows do."""
-    if kind == "memory":
-        return AgentMemory, (AgentMemory.is_active,)
-    return Message, indexing.READABLE
-
-
 def _vectors(kind: str) -> tuple[sa.TableClause, sa.ColumnClause]:
     """The table holding this kind's vectors, and its column of row ids."""
     name, key = search.backend().VECTOR_TABLES[kind][:2]
-    table = sa.table(name, sa.column(key), sa.column("model"))
+    table = sa.table(name, sa.column(key))
     return table, table.c[key]
-
-
-def _missing(kind: str, everything: bool) -> sa.Select:
-    """The ids of the rows of this kind to embed: lacking a vector of the current model (or all of them)."""
-    model, conditions = _searched(kind)
-    query = sa.select(model.id).where(*conditions)
-    vectors, key = _vectors(kind)
-    if everything or not sa.inspect(db.session.connection()).has_table(vectors.name):
-        return query
-    return query.where(~sa.exists().where(key == model.id, vectors.c.model == embedder.model_name()))
-
-
-def _embed_all(kind: str, everything: bool) -> int:
-    """Embed the rows of this kind that need it, a committed batch at a time, with a progress bar."""
-    model = _searched(kind)[0]
-    total = db.session.scalar(sa.select(sa.func.count()).select_from(_missing(kind, everything).subquery()))
-    index = indexing.index_memories if kind == "memory" else indexing.index_messages
-    after, done = 0, 0
-    with click.progressbar(length=total, label=f"vectors of {PLURAL[kind]}") as bar:
-        while done < total:
-            ids = db.session.scalars(
-                _missing(kind, everything).where(model.id > after).order_by(model.id).limit(REINDEX_BATCH)
-            ).all()
-            if not ids:
-                break
-            index(list(ids))
-            db.session.commit()
-            after, done = ids[-1], done + len(ids)
-            bar.update(len(ids))
-    return done
 
 
 def _remove_stale_vectors(kind: str) -> int:
@@ -393,8 +378,10 @@ def _remove_stale_vectors(kind: str) -> int:
     vectors, key = _vectors(kind)
     if not sa.inspect(db.session.connection()).has_table(vectors.name):
         return 0
-    model, conditions = _searched(kind)
-    stale = db.session.scalars(sa.select(key).where(~sa.exists().where(model.id == key, *conditions))).all()
+    model, conditions = indexing.searched_rows(kind)
+    stale = db.session.scalars(
+        sa.select(key).distinct().where(~sa.exists().where(model.id == key, *conditions))
+    ).all()
     search.backend().delete_vectors(kind, list(stale))
     return len(stale)
 

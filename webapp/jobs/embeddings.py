@@ -22,10 +22,10 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from webapp import search
 from webapp.extensions import db
-from webapp.jobs.queue import JOB_MARGIN_SECONDS, enqueue, recorded_job
-from webapp.models import AgentMemory, Message
+from webapp.jobs.queue import JOB_MARGIN_SECONDS, enqueue, job_target, recorded_job
+from webapp.models import Account, AgentMemory, Message
 from webapp.models.search import EmbeddingQueue
-from webapp.search import indexing
+from webapp.search import embedder, indexing
 from webapp.timeutil import utcnow
 
 log = logging.getLogger(__name__)
@@ -140,12 +140,55 @@ def embed_queued() -> dict[str, Any]:
 @recorded_job("find_waiting_embeddings", unique="active")
 def queue_waiting() -> dict[str, int]:
     """Queue an embedding run if rows wait (hourly): what a failed run, or one skipped while another held the
-    lock, left in embedding_queue. Each write queues its own run; this only catches what slipped through."""
+    lock, left in embedding_queue; and the re-embedding of each account whose new embedder's vectors are not
+    all written yet. Each write and each choice queues its own run; this only catches what slipped through."""
     rows = waiting()
     if rows:
         enqueue(embed_queued)
+    changing = db.session.scalars(sa.select(Account.id).where(Account.embedding_searched.is_not(None))).all()
+    for account_id in changing:
+        enqueue(embed_for_new_model, account_id)
+    db.session.commit()
+    return {"waiting": rows, **({"changing_embedder": len(changing)} if changing else {})}
+
+
+def choose(account: Account, choice: str | None) -> bool:
+    """Make `choice` ("<ref>|<model>", None: the EMBEDDING_* settings) the account's embedder; True when its
+    vectors are to be written (a run queued, committed by the caller). Search keeps ranking by the vectors it
+    ranks by now until every memory and message has one of the new model (embed_for_new_model), never a mix;
+    choosing back the model it ranks by ends that at once."""
+    searched = account.embedding_searched or account.embedding_choice or f"{embedder.DEFAULT}|"
+    ranked_by = embedder.searched(account).name
+    account.embedding_choice = choice
+    if embedder.chosen(account).name == ranked_by:
+        indexing.switch(account)  # drops what a change now abandoned wrote
+        return False
+    account.embedding_searched = searched
+    enqueue(embed_for_new_model, account.id)
+    return True
+
+
+@recorded_job(
+    "embed_for_new_model",
+    lambda account_id: job_target(account=account_id),
+    of=Account,
+    unique="active",
+    timeout=_time_limit,
+)
+def embed_for_new_model(account_id: int) -> dict[str, Any]:
+    """Write the vectors of the account's chosen embedder that its memories and messages lack, a committed batch
+    at a time (a stopped run goes on where it stopped); once none lacks one, its search ranks by them."""
+    account = db.session.get(Account, account_id)
+    if account is None:
+        return {"skipped": "the account is gone"}
+    if not search.backend().vectors_available():
+        indexing.switch(account)  # nothing is searched by meaning here: the choice holds for when it can be
         db.session.commit()
-    return {"waiting": rows}
+        return {"vectors": f"not available ({no_vectors_reason()})"}
+    counts = indexing.fill(account)
+    while counts.get("superseded"):  # chosen again while this ran: that choice's run would find it running
+        counts = indexing.fill(account)
+    return counts
 
 
 def _next_batch() -> list[sa.Row]:

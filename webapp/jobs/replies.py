@@ -10,6 +10,7 @@ from flask import current_app
 from redis.exceptions import RedisError
 from rq import get_current_job
 from rq.timeouts import JobTimeoutException
+from sqlalchemy.orm import joinedload
 
 from webapp import events, llm
 from webapp.extensions import db
@@ -132,7 +133,7 @@ def _respond(message_ids: list[int]) -> dict[str, int]:
 
 def _answer(message_id: int) -> str | None:
     """Generate this reply if it still waits for it: "answered", "failed" (its message says why), or None."""
-    message = db.session.get(Message, message_id)
+    message = _reread(message_id)
     if message is None or message.status not in WAITING:
         return None  # answered by an earlier attempt, or failed for good (Retry asks again)
     if stop_requested(message_id):
@@ -188,15 +189,29 @@ def _claim(message_id: int) -> str:
     return f"reply:{message_id}"
 
 
+def _reread(message_id: int) -> Message | None:
+    """The reply's message as the database holds it now, with its chat, agent and sources, in one statement (read
+    one by one once a commit expired them, they took four)."""
+    return db.session.scalar(
+        sa.select(Message)
+        .where(Message.id == message_id)
+        .options(joinedload(Message.chat), joinedload(Message.agent), joinedload(Message.sources))
+        .execution_options(populate_existing=True)
+    )
+
+
 def generate_reply(message: Message) -> None:
     """Run the agent's tool loop for this placeholder message and store the final answer (or the failure)."""
     message.status, message.error, message.content, message.tools_used = "streaming", None, "", None
+    message_id, chat_id = message.id, message.chat_id
     db.session.commit()
-    events.publish(message.chat_id, "final", message.id)  # its turn: the page shows who is thinking now
+    events.publish(chat_id, "final", message_id)  # its turn: the page shows who is thinking now
     stopped = False
     try:
-        prompt = build_prompt(message.chat, message.agent, before_message_id=message.id)
+        _reread(message_id)  # as the commit left it, with its chat and agent, in one statement
+        prompt = build_prompt(message.chat, message.agent, before_message_id=message_id)
         text, prompt_tokens, completion_tokens = _tool_loop(message, prompt)
+        _reread(message_id)  # the tool loop commits before each model call
         if not text.strip():
             raise LLMError("The model kept calling tools and never wrote an answer.", retryable=False)
     except ReplyStopped as stop:
@@ -222,7 +237,7 @@ def generate_reply(message: Message) -> None:
     record_sources(message, prompt)
     _after_success(message, prompt.borrowed_context)
     db.session.commit()
-    events.publish(message.chat_id, "final", message.id)
+    events.publish(chat_id, "final", message_id)
 
 
 def _after_success(message: Message, borrowed_context: dict[str, Any] | None) -> None:
@@ -289,6 +304,7 @@ def _relay(message: Message) -> Callable[[str, Transcript], None]:
     often; on Stop, raise with the text written so far."""
     unsent: list[str] = []
     sent_at = float("-inf")
+    message_id, chat_id = message.id, message.chat_id  # read now: the tool loop's commits expire the message
 
     def on_text(delta: str, transcript: Transcript) -> None:
         nonlocal sent_at
@@ -296,9 +312,9 @@ def _relay(message: Message) -> Callable[[str, Transcript], None]:
         now = time.monotonic()
         if now - sent_at < DELTA_INTERVAL_SECONDS:
             return
-        if stop_requested(message.id):
+        if stop_requested(message_id):
             raise ReplyStopped(transcript.text)
-        events.publish(message.chat_id, "delta", message.id, "".join(unsent))
+        events.publish(chat_id, "delta", message_id, "".join(unsent))
         unsent.clear()
         sent_at = now
 

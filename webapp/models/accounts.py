@@ -50,9 +50,20 @@ class Account(db.Model):
         )
     )
     background_model_id: Mapped[str | None] = mapped_column(sa.String(200))
+    # The embedder of its memories and messages, as "<ref>|<model>" (webapp.search.embedder.resolve): a model at a
+    # connection, "bundled|" (all-MiniLM-L6-v2, run here) or None: the environment's EMBEDDING_* settings, as before.
+    embedding_choice: Mapped[str | None] = mapped_column(sa.String(300))
+    # While the chosen embedder's vectors are being written, the choice whose vectors search still ranks by (never
+    # a mix of two models); None once they are all written (webapp.jobs.embeddings.embed_for_new_model).
+    embedding_searched: Mapped[str | None] = mapped_column(sa.String(300))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     users: Mapped[list["User"]] = relationship(back_populates="account")
+
+    @property
+    def account_id(self) -> int:
+        """Its own id, as a job about an account is recorded under it (webapp.jobs.queue.JobKind.account_of)."""
+        return self.id
 
     def people_names(self) -> list[PersonName]:
         """The account's people who are not removed, by name (to add them to a chat): no e-mail, no role."""

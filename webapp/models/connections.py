@@ -301,7 +301,8 @@ def change(
 
 
 def remove(connection: Connection) -> None:
-    """Delete it; Refused while an agent or the account's background model uses it (the message names them)."""
+    """Delete it; Refused while an agent, the account's background model or its embedder uses it (the message
+    names them)."""
     users = db.session.scalars(
         sa.select(Agent.name).where(Agent.connection_id == connection.id).order_by(Agent.name)
     ).all()
@@ -312,6 +313,12 @@ def remove(connection: Connection) -> None:
     account = db.session.get(Account, connection.account_id)
     if account.background_connection_id == connection.id:
         raise Refused("Memory jobs use it: choose another background model first.")
+    # The account's embedder, and while its vectors are written the one search ranks by meanwhile.
+    if any(
+        (c or "").startswith(f"{connection.id}|")
+        for c in (account.embedding_choice, account.embedding_searched)
+    ):
+        raise Refused("Search by meaning uses it: choose another embedding model first.")
     db.session.delete(connection)
 
 

@@ -12,14 +12,14 @@ from typing import Any
 
 import sqlalchemy as sa
 from flask import current_app
-from sqlalchemy.orm import joinedload
+from sqlalchemy.orm import joinedload, lazyload
 
 from webapp import search
 from webapp.extensions import db
 from webapp.llm import LLMError, targets
 from webapp.llm.targets import ModelTarget
 from webapp.models import Agent, AgentMemory, Chat, ChatAgent, Message, ReplySources, User, public_ids
-from webapp.models.access import chats_heard_in, memories_heard_in
+from webapp.models.access import chats_heard_in, memories_heard
 from webapp.models.chats import other_conversation_summaries
 from webapp.models.memories import MemoryWithin, active_memories, memories_within
 from webapp.prompting import render
@@ -77,10 +77,11 @@ def build_prompt(chat: Chat, agent: Agent, *, before_message_id: int | None = No
     now, target = utcnow(), targets.for_agent(agent)
     recent = _recent_messages(chat, before_message_id)
     transcript, truncated = _transcript(target, recent, agent)
-    borrowed = _staged_borrowed_context(chat, agent)
+    heard = chats_heard_in(chat)  # reads who is present in the chat once, for every part of the prompt
+    borrowed = _staged_borrowed_context(chat, agent, heard)
     borrowed_section = _borrowed_section(borrowed)
-    memory, listed = prompt_memory(target, chat, agent, now, recent)
-    summaries = other_conversation_summaries(agent, exclude_chat_id=chat.id, heard=chats_heard_in(chat))
+    memory, listed = prompt_memory(target, chat, agent, now, recent, chats=heard)
+    summaries = other_conversation_summaries(agent, exclude_chat_id=chat.id, heard=heard)
     context = [
         listed,
         _other_conversations_section(summaries, agent),
@@ -223,7 +224,7 @@ def _recent_messages(chat: Chat, before_message_id: int | None) -> list[Message]
     newest first: one more than the transcript may hold, so it can tell whether any were cut."""
     query = (
         sa.select(Message)
-        .options(joinedload(Message.user), joinedload(Message.agent))
+        .options(joinedload(Message.user), joinedload(Message.agent), lazyload(Message.sources))
         .where(Message.chat_id == chat.id, Message.status == "done", Message.content != "")
         .order_by(Message.id.desc())
         .limit(current_app.config["TRANSCRIPT_MAX_MESSAGES"] + 1)
@@ -258,19 +259,26 @@ def _transcript_entry(message: Message, agent: Agent) -> dict[str, str]:
 
 
 def prompt_memory(
-    target: ModelTarget, chat: Chat, agent: Agent, now: datetime, recent: list[Message] | None = None
+    target: ModelTarget,
+    chat: Chat,
+    agent: Agent,
+    now: datetime,
+    recent: list[Message] | None = None,
+    *,
+    chats: sa.ColumnElement[bool] | None = None,
 ) -> tuple[MemoryWithin, str]:
     """The memories the agent's prompt in this chat holds now, within its memory budget, and the section that
     lists them: what the prompt and the chat's memory page both show. First the constitutional memories, then
     those that best match the conversation (found by recall's search, queried with the chat's latest
-    messages), then the most recent. `recent`: the chat's newest messages, newest first, if already read.
+    messages), then the most recent. `recent`: the chat's newest messages, newest first, if already read;
+    `chats`: chats_heard_in(chat), if already asked.
 
     Only what everyone who may read the chat may hear (webapp.models.access.memories_heard_in), inside the
     queries: the search, the budget and the counts of what was left out."""
     if recent is None:
         recent = _recent_messages(chat, None)
     budget = memory_budget(target, agent)
-    heard = memories_heard_in(chat)
+    heard = memories_heard(chats if chats is not None else chats_heard_in(chat))
     relevant = _relevant_memories(agent, chat, heard, *_memory_query(recent))
     within = memories_within(agent.id, now, budget, relevant, heard=heard)
     return within, _memory_section(target, within, agent, budget)
@@ -303,13 +311,16 @@ def _relevant_memories(
     """The ids of the agent's memories (any active one but the constitutional, listed anyway) that best match
     the conversation and that `heard` admits, best first: the search the recall tool runs, by the words of the
     message and a few of the turns around it, and by the meaning of the message alone (an embedding takes
-    longer the longer its text, and the question is what the reply is about)."""
+    longer the longer its text, and the question is what the reply is about). The search by meaning runs after
+    the words, on the prompt's connection: it waits for the query's embedding, which takes longer than the
+    words (a thread and a connection of its own added a second session and its round trips; bench.job_overhead)."""
     if not message:
         return []
     vector = search.query_vector(_cut(message, QUERY_EMBEDDED_CHARS), agent_id=agent.id, chat_id=chat.id)
     # (IS NOT TRUE: "= false" would lead SQLite to the constitutional flag's index, over every agent's rows)
     scope = (active_memories(agent.id).whereclause, AgentMemory.constitutional.is_not(True), heard)
-    return search.memory_ids(agent.id, f"{message}\n{around}", RELEVANT_MEMORIES, *scope, vector=vector)
+    words = f"{message}\n{around}"
+    return search.memory_ids(agent.id, words, RELEVANT_MEMORIES, *scope, vector=vector, meanwhile=False)
 
 
 def _memory_section(target: ModelTarget, within: MemoryWithin, agent: Agent, budget: int) -> str:
@@ -339,9 +350,12 @@ def _other_conversations_section(summaries: list[ChatAgent], agent: Agent) -> st
     )
 
 
-def _staged_borrowed_context(chat: Chat, agent: Agent) -> dict[str, Any] | None:
+def _staged_borrowed_context(
+    chat: Chat, agent: Agent, heard: sa.ColumnElement[bool]
+) -> dict[str, Any] | None:
     """What the agent borrowed for this chat, read fresh from the database (not the session's copy), while the
-    chat it came from may still be heard here (a person added here since, or that chat made private, ends it)."""
+    chat it came from may still be heard here (`heard`: chats_heard_in(chat); a person added here since, or that
+    chat made private, ends it)."""
     staged = db.session.scalar(
         sa.select(ChatAgent.borrowed_context_json).where(
             ChatAgent.chat_id == chat.id, ChatAgent.agent_id == agent.id
@@ -350,8 +364,8 @@ def _staged_borrowed_context(chat: Chat, agent: Agent) -> dict[str, Any] | None:
     if not staged:
         return None
     source_id = public_ids.decode(str(staged.get("source_conversation_id", "")))
-    heard = sa.exists().where(Chat.id == source_id, chats_heard_in(chat))
-    return staged if source_id is not None and db.session.scalar(sa.select(heard)) else None
+    still_heard = sa.exists().where(Chat.id == source_id, heard)
+    return staged if source_id is not None and db.session.scalar(sa.select(still_heard)) else None
 
 
 def _borrowed_section(borrowed: dict[str, Any] | None) -> str | None:

@@ -75,17 +75,22 @@ def query_vector(
         nothing.set_result(None)
         return nothing
     app = current_app._get_current_object()  # type: ignore[attr-defined]
+    using = embedder.for_search(agent_id, chat_id)  # read here: the thread may have no connection to spare
     # In a copy of the caller's context (the job run its cost is recorded under), in an app context of its own.
-    return _embedding_threads.submit(contextvars.copy_context().run, _embedded, app, text, agent_id, chat_id)
+    return _embedding_threads.submit(
+        contextvars.copy_context().run, _embedded, app, text, agent_id, chat_id, using
+    )
 
 
 _embedding_threads = ThreadPoolExecutor(max_workers=4, thread_name_prefix="query-embedding")
 
 
-def _embedded(app: Flask, text: str, agent_id: int | None, chat_id: int | None) -> np.ndarray | None:
+def _embedded(
+    app: Flask, text: str, agent_id: int | None, chat_id: int | None, using: embedder.Embedder
+) -> np.ndarray | None:
     with app.app_context():
         try:
-            return embedder.embed([text], agent_id=agent_id, chat_id=chat_id)[0]
+            return embedder.embed([text], agent_id=agent_id, chat_id=chat_id, using=using)[0]
         except embedder.EmbeddingError as error:
             log.warning("searching by words only: %s", error)
             return None
@@ -122,10 +127,14 @@ def memory_ids(
     k: int,
     *scope: sa.ColumnElement[bool],
     vector: Future[np.ndarray | None] | None = None,
+    meanwhile: bool = True,
 ) -> list[int]:
-    """The ids of `memories`, read from the indexes alone (the prompt reads the memories it lists itself)."""
+    """The ids of `memories`, read from the indexes alone (the prompt reads the memories it lists itself). With
+    meanwhile=False the search by meaning runs after the words, on the caller's connection, not beside them
+    (see _dense_meanwhile): for a search by words shorter than the query's embedding, which it waits for anyway."""
     scope = (AgentMemory.agent_id == agent_id, *scope)
-    dense = _dense_meanwhile("memory", vector, [agent_id], sa.select(AgentMemory.id).where(*scope))
+    admitted = sa.select(AgentMemory.id).where(*scope)
+    dense = _dense_meanwhile("memory", vector, [agent_id], admitted, meanwhile=meanwhile)
     return fuse(_lexical(AgentMemory, text, scope), dense(), k)
 
 
@@ -155,17 +164,23 @@ def _lexical(model: type, text: str, scope: tuple) -> list[tuple[int, float]]:
 
 
 def _dense_meanwhile(
-    kind: str, vector: Future[np.ndarray | None] | None, owners: list[int], admitted: sa.Select | None
+    kind: str,
+    vector: Future[np.ndarray | None] | None,
+    owners: list[int],
+    admitted: sa.Select | None,
+    *,
+    meanwhile: bool = True,
 ) -> Callable[[], list[tuple[int, float]]]:
     """What gives _dense's rows for the query's vector once embedded (none without one). While the database pool
     has a connection to spare, they are searched on a thread and a connection of their own as the caller searches
     by words (on PostgreSQL the two took 16 and 22 ms of a recall; bench.recall), and so read what is committed.
     Otherwise (a process with one connection, SQLite under gevent; a busy pool) on the caller's, once asked for:
-    a search asks for a second connection only when the pool has one free."""
+    a search asks for a second connection only when the pool has one free. With meanwhile=False, on the caller's
+    connection in any case."""
     app = current_app._get_current_object()  # type: ignore[attr-defined]
     if vector is None:
         return list
-    if not _connection_to_spare():
+    if not meanwhile or not _connection_to_spare():
         return functools.partial(_dense_of, None, kind, vector, owners, admitted)
     return _dense_threads.submit(_dense_of, app, kind, vector, owners, admitted).result
 
@@ -214,7 +229,8 @@ def nearest(
     candidates are, and they were all RESCORED * k (or none was admitted), the nearest by bits among the
     admitted are taken instead: a longer search, as it reads the scope of every row (an agent's 10,000
     memories: 7 ms against 2 on SQLite, 15 against 5 on PostgreSQL; bench.prompt_memory)."""
-    database, model, n = backend(), embedder.model_name(), RESCORED * k
+    # The vectors of the model that embedded the query (its account's searched one; embedder.embed).
+    database, model, n = backend(), embedder.model_of(vector), RESCORED * k
     # One statement: the candidates are a CTE, read once whatever refers to them.
     candidates = database.by_bits(kind, model, vector, owners, None, n).cte("candidates")
     keys = sa.select(candidates.c[0])
@@ -223,10 +239,10 @@ def nearest(
         # The scope checked by the candidates' keys: given the scope's query alone, PostgreSQL read all of an
         # agent's memories to check 200 (6 ms).
         checked = admitted.where(database.in_query(admitted.selected_columns[0], keys))
-    found, count = database.by_distance(kind, vector, keys, checked, k)
+    found, count = database.by_distance(kind, model, vector, keys, checked, k)
     if admitted is not None and len(found) < k and count in (None, n):
         candidates = database.by_bits(kind, model, vector, owners, admitted, n).cte("candidates")
-        found, _count = database.by_distance(kind, vector, sa.select(candidates.c[0]), None, k)
+        found, _count = database.by_distance(kind, model, vector, sa.select(candidates.c[0]), None, k)
     return found
 
 

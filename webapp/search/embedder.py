@@ -7,18 +7,25 @@ the sha256 pinned here before first use, so a different file is never run by mis
 
 Every vector is L2-normalised, so a dot product is the cosine. Every call is in the cost ledger (purpose
 "embedding"), as any model request is.
+
+Which embedder is each account's choice (Connections page, webapp.admin.embeddings): the environment's
+EMBEDDING_* settings when it chose none (as before the choice existed), the bundled model, or a model at one of
+its connections. Vectors carry the name of the model that wrote them (Embedder.name), and a search compares only
+vectors of one model: while a new choice's vectors are written, the account's search ranks by the previous
+choice's (embedding_searched), then switches at once (webapp.jobs.embeddings.embed_for_new_model).
 """
 
 import hashlib
 import json
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import openai
-from flask import current_app
+from flask import Flask, current_app
 
 from webapp.llm import LLMError, record_call
 
@@ -34,25 +41,137 @@ class EmbeddingError(LLMError):
     """No vectors: the endpoint is down, refused, or answered something else."""
 
 
+DEFAULT, BUNDLED = "default", "bundled"  # the refs of a choice besides a connection's ("<ref>|<model>")
+
+
+@dataclass(frozen=True)
+class Embedder:
+    """Where vectors come from, and the model name they carry."""
+
+    name: str  # what its vectors carry (the vector tables' `model`)
+    described: str  # for a page: "nomic-embed-text at Ollama"
+    model: str = ""  # the id asked of the endpoint
+    base_url: str | None = None  # an OpenAI-compatible root (…/v1); None: the bundled model, run here
+    api_key: str = ""
+    headers: tuple[tuple[str, str], ...] = ()
+    connection_id: int | None = None
+
+
+class Vectors(np.ndarray):
+    """Unit vectors (rows of a float32 matrix), and the model name of the embedder that made them: a query's
+    vector is searched among the stored vectors of that model only (model_of)."""
+
+    model: str | None = None
+
+    def __array_finalize__(self, source: Any) -> None:
+        self.model = getattr(source, "model", None)
+
+
 def model_name() -> str:
-    """The name the vectors of the configured embedder carry."""
+    """The name the vectors of the environment's embedder (the EMBEDDING_* settings) carry."""
     return current_app.config["EMBEDDING_MODEL"] or LOCAL_MODEL
 
 
-def embed(texts: list[str], *, agent_id: int | None = None, chat_id: int | None = None) -> np.ndarray:
-    """One unit vector per text (rows of a float32 matrix), from the configured embedder."""
+def model_of(vector: np.ndarray) -> str:
+    """The model name a vector was made by (the environment's, for a vector that does not say)."""
+    return getattr(vector, "model", None) or model_name()
+
+
+def environment() -> Embedder:
+    """The embedder the EMBEDDING_* settings configure: an endpoint, or the bundled model."""
+    config = current_app.config
+    if not config["EMBEDDING_BASE_URL"]:
+        return Embedder(model_name(), "all-MiniLM-L6-v2, bundled (runs here)")
+    return Embedder(
+        model_name(),
+        f"{config['EMBEDDING_MODEL']} at EMBEDDING_BASE_URL",
+        model=config["EMBEDDING_MODEL"],
+        base_url=config["EMBEDDING_BASE_URL"],
+        api_key=config["EMBEDDING_API_KEY"] or "",
+    )
+
+
+def resolve(account_id: int, choice: str | None) -> Embedder:
+    """The embedder of a choice ("<ref>|<model>"; None: the environment's settings). A connection the account no
+    longer has falls back to them (removing a connection in use for embeddings is refused)."""
+    from webapp.llm import targets  # imports the models, which import this module's callers
+
+    ref, _, model = (choice or f"{DEFAULT}|").partition("|")
+    if ref == BUNDLED:
+        return Embedder(LOCAL_MODEL, "all-MiniLM-L6-v2, bundled (runs here)")
+    connection = None if ref == DEFAULT or not model else targets.connection_in(account_id, ref)
+    if connection is None:
+        return environment()
+    return Embedder(
+        f"{model} @ {connection.key}",  # one model id may name different models at two connections
+        f"{model} at {connection.name}",
+        model=model,
+        base_url=targets.openai_root(connection),
+        api_key=connection.api_key,
+        headers=tuple(sorted(connection.headers.items())),
+        connection_id=connection.id,
+    )
+
+
+def chosen(account: Any) -> Embedder:
+    """The account's embedder: new vectors are written with it."""
+    return resolve(account.id, account.embedding_choice)
+
+
+def searched(account: Any) -> Embedder:
+    """The embedder whose vectors the account's search ranks by: the chosen one, or while its vectors are being
+    written, the previous choice."""
+    if account.embedding_searched is None:
+        return chosen(account)
+    return resolve(account.id, account.embedding_searched)
+
+
+def writing(account: Any) -> list[Embedder]:
+    """The embedders a memory or message written now needs vectors of: the searched one, and the chosen one if
+    its vectors are being written."""
+    first, second = searched(account), chosen(account)
+    return [first] if first.name == second.name else [first, second]
+
+
+def account_of(agent_id: int | None, chat_id: int | None) -> Any:
+    """The account of the agent or chat (None when neither is given)."""
+    from webapp.extensions import db
+    from webapp.models import Account, Agent, Chat
+
+    owner = (
+        db.session.get(Agent, agent_id) if agent_id else db.session.get(Chat, chat_id) if chat_id else None
+    )
+    return db.session.get(Account, owner.account_id) if owner is not None else None
+
+
+def for_search(agent_id: int | None, chat_id: int | None) -> Embedder:
+    """The embedder of a query searching the agent's (or chat's) rows: its account's searched one (the
+    environment's when neither is given)."""
+    account = account_of(agent_id, chat_id)
+    return searched(account) if account is not None else environment()
+
+
+def embed(
+    texts: list[str],
+    *,
+    agent_id: int | None = None,
+    chat_id: int | None = None,
+    using: Embedder | None = None,
+) -> Vectors:
+    """One unit vector per text, from `using`, or the embedder the agent's (or chat's) account searches by."""
+    using = using or for_search(agent_id, chat_id)
     started = time.monotonic()
-    record = {"purpose": "embedding", "agent_id": agent_id, "chat_id": chat_id, "model": model_name()}
+    record = {"purpose": "embedding", "agent_id": agent_id, "chat_id": chat_id, "model": using.name}
+    record["connection_id"] = using.connection_id
     try:
-        if current_app.config["EMBEDDING_BASE_URL"]:
-            vectors, tokens = _remote(texts)
-        else:
-            vectors, tokens = _local().embed(texts)
+        vectors, tokens = _remote(texts, using) if using.base_url else _local().embed(texts)
     except EmbeddingError as error:
         record_call(record, started, status="error", error=str(error))
         raise
     record_call(record, started, status="ok", prompt_tokens=tokens)
-    return _normalised(vectors)
+    labelled = _normalised(vectors).view(Vectors)
+    labelled.model = using.name
+    return labelled
 
 
 def _normalised(vectors: np.ndarray) -> np.ndarray:
@@ -60,16 +179,16 @@ def _normalised(vectors: np.ndarray) -> np.ndarray:
     return (vectors / np.maximum(norms, 1e-12)).astype(np.float32)
 
 
-def _remote(texts: list[str]) -> tuple[np.ndarray, int]:
-    config = current_app.config
+def _remote(texts: list[str], using: Embedder) -> tuple[np.ndarray, int]:
     client = openai.OpenAI(
-        base_url=config["EMBEDDING_BASE_URL"],
-        api_key=config["EMBEDDING_API_KEY"] or "none",
-        timeout=config["EMBEDDING_TIMEOUT_SECONDS"],
+        base_url=using.base_url,
+        api_key=using.api_key or "none",
+        default_headers=dict(using.headers) or None,
+        timeout=current_app.config["EMBEDDING_TIMEOUT_SECONDS"],
         max_retries=0,  # retries belong to the job queue
     )
     try:
-        response = client.embeddings.create(model=config["EMBEDDING_MODEL"], input=texts)
+        response = client.embeddings.create(model=using.model, input=texts)
     except openai.OpenAIError as error:
         raise EmbeddingError(f"The embedding endpoint failed: {error}", retryable=True) from error
     except json.JSONDecodeError as error:
@@ -120,6 +239,13 @@ class LocalEmbedder:
 
 _local_embedder: LocalEmbedder | None = None
 _local_lock = threading.Lock()
+
+
+def preload(app: Flask) -> None:
+    """Load the local embedder now, unless an endpoint embeds: a worker's first reply would otherwise wait for its
+    imports and its model (about half a second) to embed its query."""
+    if not app.config["EMBEDDING_BASE_URL"]:
+        _local()
 
 
 def _local() -> LocalEmbedder:

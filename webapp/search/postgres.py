@@ -167,15 +167,16 @@ def vectors_available() -> bool:
 
 
 def ensure_vector_tables(dimensions: int) -> None:
-    """The vector tables (any dimensions: each vector's model says what it is), under a covering index of
-    (owner, model) with each vector's sign bits. pgvector must be available."""
+    """The vector tables (any dimensions: each vector's model says what it is; a vector per row and model, as a
+    row holds two while a new model's vectors are written), under a covering index of (owner, model) with each
+    vector's sign bits. pgvector must be available."""
     db.session.execute(sa.text("CREATE EXTENSION IF NOT EXISTS vector"))
     for table, key, owner, rows in VECTOR_TABLES.values():
         db.session.execute(
             sa.text(
-                f"CREATE TABLE IF NOT EXISTS {table} ({key} integer PRIMARY KEY REFERENCES {rows}(id) "
+                f"CREATE TABLE IF NOT EXISTS {table} ({key} integer NOT NULL REFERENCES {rows}(id) "
                 f"ON DELETE CASCADE, {owner} integer NOT NULL, model text NOT NULL, embedding vector NOT NULL, "
-                "bits varbit NOT NULL)"
+                f"bits varbit NOT NULL, PRIMARY KEY ({key}, model))"
             )
         )
         db.session.execute(
@@ -204,7 +205,7 @@ def store_vectors(kind: str, rows: list[tuple[int, int, str, np.ndarray]]) -> No
         sa.text(
             f"INSERT INTO {table}({key}, {owner}, model, embedding, bits) "
             "VALUES (:id, :owner, :model, CAST(:v AS vector), binary_quantize(CAST(:v AS vector))) "
-            f"ON CONFLICT ({key}) DO UPDATE SET {owner} = excluded.{owner}, model = excluded.model, "
+            f"ON CONFLICT ({key}, model) DO UPDATE SET {owner} = excluded.{owner}, "
             "embedding = excluded.embedding, bits = excluded.bits"
         ),
         [{"id": i, "owner": o, "model": m, "v": _literal(v)} for i, o, m, v in rows],
@@ -233,17 +234,17 @@ def by_bits(
 
 
 def by_distance(
-    kind: str, vector: np.ndarray, candidates: sa.Select, admitted: sa.Select | None, k: int
+    kind: str, model: str, vector: np.ndarray, candidates: sa.Select, admitted: sa.Select | None, k: int
 ) -> tuple[list[tuple[int, float]], int | None]:
-    """(id, cosine distance) of the k vectors of the `candidates` (a query of ids) nearest to `vector` whose ids
-    `admitted` (a query of ids) holds, if given, nearest first; and how many candidates there were (None when
-    none is admitted). The candidates are looked up by their keys."""
+    """(id, cosine distance) of the k vectors of this model of the `candidates` (a query of ids) nearest to
+    `vector` whose ids `admitted` (a query of ids) holds, if given, nearest first; and how many candidates there
+    were (None when none is admitted). The candidates are looked up by their keys."""
     name, key, _owner, _rows = VECTOR_TABLES[kind]
-    table = sa.table(name, sa.column(key))
+    table = sa.table(name, sa.column(key), sa.column("model"))
     distance = sa.literal_column(f"{name}.embedding").op("<=>")(_query_vector(vector))
     counted = sa.select(sa.func.count()).select_from(candidates.subquery()).scalar_subquery()
     statement = sa.select(table.c[key], distance.label("distance"), counted).where(
-        in_query(table.c[key], candidates)
+        in_query(table.c[key], candidates), table.c.model == model
     )
     if admitted is not None:
         statement = statement.where(table.c[key].in_(admitted))

@@ -97,12 +97,13 @@ def vectors_available() -> bool:
 
 
 def ensure_vector_tables(dimensions: int) -> None:
-    """The vector tables (any dimensions: a vector is a float32 blob, its model says what it is)."""
+    """The vector tables (any dimensions: a vector is a float32 blob, its model says what it is), a vector per row
+    and model: a row holds two while a new model's vectors are written (webapp.search.embedder)."""
     for table, key, owner in VECTOR_TABLES.values():
         db.session.execute(
             sa.text(
-                f"CREATE TABLE IF NOT EXISTS {table} ({key} INTEGER PRIMARY KEY, {owner} INTEGER NOT NULL, "
-                "model TEXT NOT NULL, bits BLOB NOT NULL, embedding BLOB NOT NULL)"
+                f"CREATE TABLE IF NOT EXISTS {table} ({key} INTEGER NOT NULL, {owner} INTEGER NOT NULL, "
+                f"model TEXT NOT NULL, bits BLOB NOT NULL, embedding BLOB NOT NULL, PRIMARY KEY ({key}, model))"
             )
         )
         db.session.execute(
@@ -161,16 +162,18 @@ def by_bits(
 
 
 def by_distance(
-    kind: str, vector: np.ndarray, candidates: sa.Select, admitted: sa.Select | None, k: int
+    kind: str, model: str, vector: np.ndarray, candidates: sa.Select, admitted: sa.Select | None, k: int
 ) -> tuple[list[tuple[int, float]], int | None]:
-    """(id, cosine distance) of the k vectors of the `candidates` (a query of ids) nearest to `vector` whose ids
-    `admitted` (a query of ids) holds, if given, nearest first; and how many candidates there were (None when
-    none is admitted). The candidates are looked up by their keys."""
+    """(id, cosine distance) of the k vectors of this model of the `candidates` (a query of ids) nearest to
+    `vector` whose ids `admitted` (a query of ids) holds, if given, nearest first; and how many candidates there
+    were (None when none is admitted). The candidates are looked up by their keys."""
     name, key, _owner = VECTOR_TABLES[kind]
-    table = sa.table(name, sa.column(key), sa.column("embedding"))
+    table = sa.table(name, sa.column(key), sa.column("model"), sa.column("embedding"))
     distance = sa.func.vec_distance_cosine(table.c.embedding, _blob(vector)).label("distance")
     counted = sa.select(sa.func.count()).select_from(candidates.subquery()).scalar_subquery()
-    statement = sa.select(table.c[key], distance, counted).where(in_query(table.c[key], candidates))
+    statement = sa.select(table.c[key], distance, counted).where(
+        in_query(table.c[key], candidates), table.c.model == model
+    )
     if admitted is not None:
         statement = statement.where(table.c[key].in_(admitted))
     rows = db.session.execute(statement.order_by(distance).limit(k)).all()
