@@ -372,3 +372,26 @@ def test_the_jobs_page_fits_a_1280_pixel_window(page, live_server, live_app):
     assert page.evaluate("document.documentElement.scrollWidth") <= 1280
     table, column = page.locator("#job-runs table").bounding_box(), page.locator("#job-runs").bounding_box()
     assert table["width"] <= column["width"]  # the table fits the page's column too
+
+
+def test_the_error_of_a_job_on_a_chat_the_admin_may_not_read_is_never_quoted(client, signed_in, ada):
+    """Issue 31, item 7: a compaction of a member's private chat failed with a provider's 400 quoting its
+    input; the admin sees that it failed, and how (HTTP 400), never the text."""
+    member = factories.user(signed_in.account, "milo@example.com", "member")
+    private = factories.chat(signed_in.account, [ada], "Milo's locker", people=[member])
+    shared = factories.chat(signed_in.account, [ada], "Garden club")
+    quoted = "webapp.llm.LLMError: The model returned HTTP 400: invalid input near 'my locker code is 4711'"
+    hidden = factories.job_run(
+        signed_in.account, "compact", target=f"chat:{private.id}", status="failed", error=quoted
+    )
+    shown = factories.job_run(
+        signed_in.account, "compact", target=f"chat:{shared.id}", status="failed", error=quoted
+    )
+
+    html = _runs_fragment(client)
+
+    assert "4711" not in _row(html, hidden) and "my locker code" not in _row(html, hidden)
+    assert "The model answered HTTP 400" in _row(
+        html, hidden
+    ) and "may quote a chat you may not read" in _row(html, hidden)
+    assert "my locker code is 4711" in _row(html, shown)  # the admin may read that chat

@@ -71,6 +71,29 @@ def failure(error: str) -> Failure:
     return Failure(error)
 
 
+_HTTP_STATUS = re.compile(r"\bHTTP (\d{3})\b")
+WITHHELD = "its message is not shown: it may quote a chat you may not read"
+
+
+@bp.app_template_filter("withheld_failure")
+def withheld_failure(error: str) -> Failure:
+    """The error of a run on a chat the viewer may not read, as its kind only: a provider's message may quote
+    the prompt (a 400 "near 'my locker code is…'"), so none of its text is shown."""
+    if _REPLIES_FAILED.match(error):
+        return failure(error)  # says only how many replies failed
+    if _TIMED_OUT.match(error):
+        return Failure(f"Stopped: it ran longer than its time limit ({WITHHELD})")
+    if status := _HTTP_STATUS.search(error):
+        return Failure(f"The model answered HTTP {status.group(1)} ({WITHHELD})")
+    kind = match.group(2) if (match := _EXCEPTION.match(error)) else "an error"
+    return Failure(f"It failed with {kind} ({WITHHELD})")
+
+
+def on_unreadable_chats(named: dict[int, list["Named"]]) -> set[int]:
+    """The runs (by id) that worked on a chat the viewer may not read (from worked_on)."""
+    return {run_id for run_id, names in named.items() if any(n.name == PRIVATE for n in names)}
+
+
 @dataclass
 class Named:
     """Something a run worked on: its name, and where to see it (None: it is gone)."""

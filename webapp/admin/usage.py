@@ -17,7 +17,7 @@ from sqlalchemy.sql.functions import FunctionElement
 import webapp.jobs
 from webapp.admin.common import answer, bp
 from webapp.admin.prices import RUNS_HERE, Price, price_of
-from webapp.admin.run_words import worked_on
+from webapp.admin.run_words import on_unreadable_chats, worked_on
 from webapp.extensions import db
 from webapp.jobs.queue import JOB_TYPES, enqueue
 from webapp.llm import targets
@@ -301,6 +301,7 @@ def jobs() -> ResponseReturnValue:
     usage = _fold(rows, lambda r: r.job_run_id, _pricing(rows))
     context = dict(runs=runs, usage=usage, filters=filters, page=page, has_more=len(found) > RUNS_PER_PAGE)
     context["worked_on"] = worked_on(runs)
+    context["withheld"] = on_unreadable_chats(context["worked_on"])
     context["job_functions"] = JOB_TYPES
     if not fragment_requested("job-runs"):
         context.update(job_types=_job_types(), statuses=JOB_RUN_STATUSES)
