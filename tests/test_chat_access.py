@@ -559,3 +559,34 @@ def test_a_removed_persons_silent_stream_ends_within_seconds(app, acme, admin, s
     thread.join()
 
     assert time.monotonic() - started < 10  # a keepalive after the recheck interval, not the 30 s
+
+
+def test_only_a_chats_people_rename_or_discard_it_and_others_hide_it_from_their_own_list(
+    client, auth, acme, member, sam, ada
+):
+    """Issue 31, item 8: Ben (sam) may read Ana's (member's) shared chat but is not one of its people: he cannot
+    rename or discard it for everyone, he may hide it from his own list; when Ana discards it, it says who did."""
+    shared = factories.chat(acme, [ada], "Garden club", people=[member])
+    shared.visibility = "shared"
+    db.session.commit()
+    auth.login(sam)
+    page = client.get(f"/chats/{shared.id}").text
+    assert "Discard this chat" not in page and "Rename" not in page and "Hide from my list" in page
+
+    assert client.post(f"/chats/{shared.id}/rename", data={"title": "Mine now"}).status_code == 403
+    assert client.post(f"/chats/{shared.id}/discard").status_code == 403
+    hidden = client.post(f"/chats/{shared.id}/hide", follow_redirects=True)
+    assert "Garden club" not in hidden.text.split("chat-list")[1]  # gone from Ben's list
+    assert "Hidden from your list" in client.get("/chats/?discarded=1").text
+    db.session.expire_all()
+    assert (db.session.get(Chat, shared.id).title, db.session.get(Chat, shared.id).discarded_at) == (
+        "Garden club",
+        None,
+    )
+
+    client.get("/logout")
+    auth.login(member)
+    assert "Garden club" in client.get("/chats/").text  # Ana's list is as it was
+    assert client.post(f"/chats/{shared.id}/discard").status_code == 303
+    assert "Discarded by milo on" in client.get("/chats/?discarded=1").text
+    assert "This chat was discarded by milo on" in client.get(f"/chats/{shared.id}").text

@@ -4,7 +4,7 @@ from webapp.models.accounts import Account, User, UserSession
 from webapp.models.agents import Agent
 from webapp.models.api_keys import ApiKey
 from webapp.models.audit import AuditLog
-from webapp.models.chats import Chat, ChatAgent, ChatPerson, Message
+from webapp.models.chats import Chat, ChatAgent, ChatHidden, ChatPerson, Message
 from webapp.models.connections import Connection
 from webapp.models.memories import AgentMemory, ReplySources
 from webapp.models.proposals import MemoryProposal, ProposedChange
@@ -19,6 +19,7 @@ __all__ = [
     "AuditLog",
     "Chat",
     "ChatAgent",
+    "ChatHidden",
     "ChatPerson",
     "Connection",
     "EmbeddingQueue",

@@ -32,6 +32,14 @@ def people_of(chat: Chat) -> list[int]:
     )
 
 
+def may_govern(chat: Chat, user: User) -> bool:
+    """Whether the person may rename, discard or restore the chat, share it or make it private and add or take
+    out people: its people; for a chat from before chats had people (none), everyone of the account reads it and
+    only an admin governs it."""
+    people = people_of(chat)
+    return user.id in people if people else user.is_admin
+
+
 def present(chat: Chat) -> list[int] | None:
     """Who may be listening in a chat: the ids of a private chat's people; None for a shared chat (anyone of
     the account)."""

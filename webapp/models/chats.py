@@ -44,6 +44,8 @@ class Chat(db.Model):
     # True for a group chat: agents answer only when asked.
     manual_responses: Mapped[bool] = mapped_column(default=False)
     discarded_at: Mapped[datetime | None]
+    # Who discarded it (one of its people: see webapp.models.access.may_govern), for everyone to see.
+    discarded_by_id: Mapped[int | None] = mapped_column(sa.ForeignKey("users.id"))
     # Spec 000: the chat as a whole is consolidated once every agent's cursor has passed this message.
     last_consolidated_at: Mapped[datetime | None] = mapped_column(index=True)
     last_consolidated_message_id: Mapped[int | None]
@@ -63,6 +65,7 @@ class Chat(db.Model):
     agents: Mapped[list[Agent]] = relationship(
         secondary="chat_agents", order_by="ChatAgent.id", viewonly=True
     )
+    discarded_by: Mapped["User | None"] = relationship(foreign_keys=[discarded_by_id])  # noqa: F821
     chat_people: Mapped[list["ChatPerson"]] = relationship(
         back_populates="chat", order_by="ChatPerson.created_at", cascade="all, delete-orphan"
     )
@@ -155,6 +158,17 @@ class ChatPerson(db.Model):
 
     chat: Mapped[Chat] = relationship(back_populates="chat_people")
     user: Mapped["User"] = relationship(foreign_keys=[user_id])  # noqa: F821
+
+
+class ChatHidden(db.Model):
+    """A chat someone took out of their own list (one they may read but do not govern: a shared chat they are not
+    a person of); nobody else's list changes."""
+
+    __tablename__ = "chat_hidden"
+
+    chat_id: Mapped[int] = mapped_column(sa.ForeignKey("chats.id", ondelete="CASCADE"), primary_key=True)
+    user_id: Mapped[int] = mapped_column(sa.ForeignKey("users.id"), primary_key=True, index=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 class ChatAgent(db.Model):

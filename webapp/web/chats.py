@@ -37,7 +37,7 @@ from webapp.extensions import db
 from webapp.jobs.followups import after_new_message
 from webapp.jobs.replies import request_replies, retry_refusal, retry_reply, stop_reply
 from webapp.llm import targets
-from webapp.models import Agent, AuditLog, Chat, ChatAgent, ChatPerson, Message, User, access
+from webapp.models import Agent, AuditLog, Chat, ChatAgent, ChatHidden, ChatPerson, Message, User, access
 from webapp.models.chats import CHAT_VISIBILITIES, other_conversations
 from webapp.prompting.build import prompt_memory
 from webapp.timeutil import utcnow
@@ -96,6 +96,10 @@ class ChatRow:
 
     chat: Chat
     last: Message | None
+    hidden: bool = False  # the person took it out of their own list
+    governed: bool = (
+        False  # the person may restore it (webapp.models.access.may_govern), asked for discarded chats
+    )
 
     @property
     def preview(self) -> str:
@@ -108,15 +112,21 @@ class ChatRow:
 def _chat_rows(discarded: bool = False, limit: int | None = None) -> list[ChatRow]:
     """The chats the person may read, most recently active first, each with its last finished message (two
     queries)."""
+    hidden = sa.exists().where(ChatHidden.chat_id == Chat.id, ChatHidden.user_id == current_user.id)
     query = (
-        sa.select(Chat)
-        .options(selectinload(Chat.agents))
+        sa.select(Chat, hidden)
+        .options(selectinload(Chat.agents), selectinload(Chat.discarded_by))
         .where(access.readable_chats(current_user))
-        .where(Chat.discarded_at.is_not(None) if discarded else Chat.discarded_at.is_(None))
+        .where(
+            sa.or_(Chat.discarded_at.is_not(None), hidden)
+            if discarded
+            else sa.and_(Chat.discarded_at.is_(None), ~hidden)
+        )
         .order_by(Chat.last_message_at.desc(), Chat.id.desc())
         .limit(limit)
     )
-    chats = db.session.scalars(query).all()
+    found = db.session.execute(query).all()
+    chats, hidden_ids = [chat for chat, _ in found], {chat.id for chat, hid in found if hid}
     last_ids = (
         sa.select(sa.func.max(Message.id))
         .where(
@@ -132,7 +142,20 @@ def _chat_rows(discarded: bool = False, limit: int | None = None) -> list[ChatRo
         .where(Message.id.in_(last_ids))
     ).all()
     by_chat = {m.chat_id: m for m in lasts}
-    return [ChatRow(c, by_chat.get(c.id)) for c in chats]
+    governed = _governed_among([c.id for c in chats if c.is_discarded])
+    return [ChatRow(c, by_chat.get(c.id), c.id in hidden_ids, c.id in governed) for c in chats]
+
+
+def _governed_among(chat_ids: list[int]) -> set[int]:
+    """Those of these chats the person governs (access.may_govern): one query, none without ids."""
+    if not chat_ids:
+        return set()
+    mine = sa.exists().where(ChatPerson.chat_id == Chat.id, ChatPerson.user_id == current_user.id)
+    nobodys = ~sa.exists().where(
+        ChatPerson.chat_id == Chat.id, ChatPerson.user_id == User.id, User.removed_at.is_(None)
+    )
+    governs = sa.or_(mine, nobodys) if current_user.is_admin else mine
+    return set(db.session.scalars(sa.select(Chat.id).where(Chat.id.in_(chat_ids), governs)))
 
 
 def _account_agents() -> list[Agent]:
@@ -546,12 +569,14 @@ def agent_memory(chat_id: int, agent_id: int) -> ResponseReturnValue:
 def rename(chat_id: int) -> ResponseReturnValue:
     """Rename the chat in place."""
     chat = readable_chat_or_404(chat_id)
+    if not access.may_govern(chat, current_user):
+        return _notice("Only the chat's people rename it.", 403)
     title = request.form.get("title", "").strip()
     if len(title) > 200:
         return _notice("A title has at most 200 characters.", 422)
     chat.title = title
     db.session.commit()
-    return render_template("chats/_title.html", chat=chat, renamed=True)
+    return render_template("chats/_title.html", chat=chat, renamed=True, governs=True)
 
 
 @bp.post("/<int:chat_id>/agents")
@@ -595,9 +620,9 @@ def memory_doc(chat_id: int) -> ResponseReturnValue:
 @bp.post("/<int:chat_id>/discard")
 @login_required
 def discard(chat_id: int) -> ResponseReturnValue:
-    """Discard the chat (it can be restored)."""
-    chat = readable_chat_or_404(chat_id)
-    chat.discarded_at = utcnow()
+    """Discard the chat for everyone (it can be restored), saying who did: its people only (others hide it)."""
+    chat = _governed_chat(chat_id)
+    chat.discarded_at, chat.discarded_by_id = utcnow(), current_user.id
     db.session.commit()
     return redirect(url_for("chats.index"), code=303)
 
@@ -605,9 +630,41 @@ def discard(chat_id: int) -> ResponseReturnValue:
 @bp.post("/<int:chat_id>/restore")
 @login_required
 def restore(chat_id: int) -> ResponseReturnValue:
-    """Bring a discarded chat back."""
+    """Bring a discarded chat back (its people only)."""
+    chat = _governed_chat(chat_id)
+    chat.discarded_at, chat.discarded_by_id = None, None
+    db.session.commit()
+    return redirect(url_for("chats.show", chat_id=chat.id), code=303)
+
+
+def _governed_chat(chat_id: int) -> Chat:
+    """A chat the person may read and govern (access.may_govern), else 404 or 403."""
     chat = readable_chat_or_404(chat_id)
-    chat.discarded_at = None
+    if not access.may_govern(chat, current_user):
+        abort(403)
+    return chat
+
+
+@bp.post("/<int:chat_id>/hide")
+@login_required
+def hide(chat_id: int) -> ResponseReturnValue:
+    """Take a chat out of one's own list (anyone who may read it); nobody else's list changes."""
+    chat = readable_chat_or_404(chat_id)
+    if db.session.get(ChatHidden, (chat.id, current_user.id)) is None:
+        db.session.add(ChatHidden(chat_id=chat.id, user_id=current_user.id))
+        db.session.commit()
+    flash(f"“{chat.display_title}” is hidden from your list (and only yours): find it under Discarded.")
+    return redirect(url_for("chats.index"), code=303)
+
+
+@bp.post("/<int:chat_id>/unhide")
+@login_required
+def unhide(chat_id: int) -> ResponseReturnValue:
+    """Put a chat one hid back in one's list."""
+    chat = readable_chat_or_404(chat_id)
+    db.session.execute(
+        sa.delete(ChatHidden).where(ChatHidden.chat_id == chat.id, ChatHidden.user_id == current_user.id)
+    )
     db.session.commit()
     return redirect(url_for("chats.show", chat_id=chat.id), code=303)
 
