@@ -245,6 +245,7 @@ def test_an_error_quoting_the_key_never_shows_it(admin, router, providers, caplo
         respond([reply.id])
 
     reply = _fresh(reply)
+    assert ROUTER_KEY not in repr(targets.for_agent(ada))  # a target in a traceback's locals shows no key
     assert reply.status == "failed" and "the key of the connection 'OpenRouter'" in reply.error
     assert ROUTER_KEY not in reply.error
     assert ROUTER_KEY not in db.session.scalar(sa.select(LlmCall.error))

@@ -6,7 +6,7 @@ setting (the input budget, the answer's room, a memory job's chunk size, how man
 the target, never from whether an environment variable is set.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from flask import current_app
 
@@ -41,8 +41,8 @@ class ModelTarget:
     connection_name: str
     kind: str  # webapp.models.connections.KINDS
     base_url: str  # the OpenAI-compatible root (…/v1)
-    api_key: str
-    headers: tuple[tuple[str, str], ...]
+    api_key: str = field(repr=False)  # never in a log line or a traceback's locals
+    headers: tuple[tuple[str, str], ...] = field(repr=False)
     model: str
     context_tokens: int | None  # the model's window, when the provider or an admin said
 

@@ -127,9 +127,9 @@ class EnvironmentConnection:
 
     kind: str
     base_url: str
-    api_key: str
+    api_key: str = field(repr=False)
     models: list[dict[str, Any]] = field(default_factory=list)
-    headers: dict[str, str] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict, repr=False)
     model_settings: dict[str, dict[str, Any]] = field(default_factory=dict)
     id: None = None
     key: str = ENVIRONMENT
