@@ -52,14 +52,15 @@ def groups(account_id: int) -> list[Group]:
 
 
 def pick(account_id: int, picked: str | None, typed: str | None) -> Picked:
-    """The connection and model of a picker's value, or of its text field when the "another model" option is
-    picked; NotListed when a connection added in the app lists models and not this one, or it names
+    """The connection and model of a picker's value, or of its text field when an id is typed there (at the
+    picked option's connection); NotListed when a connection added in the app lists models and not this one, or it names
     no connection of the account (the environment's provider takes any id, as before connections)."""
     key, _, model = (picked or "").partition("|")
     connection = targets.connection_in(account_id, key)
     if connection is None:
         raise NotListed("Pick a connection of this account.")
-    model = model.strip() or (typed or "").strip()  # a listed model picked wins over text left in the field
+    # An id typed in wins (the page clears the field when a listed model is picked: webapp/static/cairn.js).
+    model = (typed or "").strip() or model.strip()
     if not model:
         raise NotListed(f"Pick a model of {connection.name}, or type its id.")
     # The environment's provider takes any id, as before connections (its list is a suggestion).
