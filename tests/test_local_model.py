@@ -17,6 +17,7 @@ from tests.test_integration import _processes_of
 from webapp import llm
 from webapp.config import LOCAL_MODEL_ID
 from webapp.llm.jsonparse import parse_json_object
+from webapp.llm.targets import for_environment
 from webapp.runtime.processes import llm_server_argv
 
 pytestmark = pytest.mark.local_model
@@ -88,7 +89,7 @@ def test_health_probes_during_a_reply_neither_cut_it_nor_wait_for_it(local_app, 
     prober = threading.Thread(target=probe_while_streaming, args=(deltas,))
     prober.start()
     result = llm.complete(
-        LOCAL_MODEL_ID,
+        for_environment(LOCAL_MODEL_ID),
         [
             {
                 "role": "user",
@@ -109,7 +110,7 @@ def test_a_streamed_reply_arrives_token_by_token(local_app):
     deltas = []
 
     result = llm.complete(
-        LOCAL_MODEL_ID,
+        for_environment(LOCAL_MODEL_ID),
         [{"role": "user", "content": "Say hello in five words."}],
         purpose="reply",
         on_text=deltas.append,
@@ -140,7 +141,7 @@ def test_a_forced_tool_call_parses(local_app, monkeypatch):
 
     def attempt():
         result = llm.complete(
-            LOCAL_MODEL_ID,
+            for_environment(LOCAL_MODEL_ID),
             [{"role": "user", "content": "Remember that my favourite colour is green."}],
             purpose="reply",
             tools=[SAVE_MEMORY],
@@ -157,7 +158,7 @@ def test_a_forced_tool_call_parses(local_app, monkeypatch):
 def test_json_output_parses(local_app):
     def attempt():
         result = llm.complete(
-            LOCAL_MODEL_ID,
+            for_environment(LOCAL_MODEL_ID),
             [{"role": "user", "content": 'Answer with JSON: {"journal": [...], "core": [...]}. I like tea.'}],
             purpose="extract",
             response_format={

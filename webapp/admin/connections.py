@@ -71,16 +71,7 @@ def _page(form: ConnectionForm, status: int = 200, test_results: dict | None = N
 
 def _background_form(account, groups: list[model_picker.Group]) -> BackgroundForm:
     form = BackgroundForm()
-    form.model_choice.choices = {
-        "": [("", "Each agent's own model")],
-        **{
-            g.connection.name: [
-                *((model_picker.value(g.connection, m), m) for m in g.models),
-                (model_picker.value(g.connection, ""), f"Another model at {g.connection.name} (type its id)"),
-            ]
-            for g in groups
-        },
-    }
+    form.model_choice.choices = {"": [("", "Each agent's own model")], **model_picker.choices(groups)}
     if account.background_model_id and not form.is_submitted():
         connection = targets.connection_in(account.id, account.background_connection_id)
         form.model_choice.data = model_picker.value(connection, account.background_model_id)

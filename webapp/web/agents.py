@@ -94,7 +94,7 @@ class AgentForm(FlaskForm):
             for name, tool in REPLY_TOOLS.items()
         ]
         self.model_groups = model_picker.groups(current_user.account_id)
-        self.model_choice.choices = _grouped_choices(self.model_groups)
+        self.model_choice.choices = model_picker.choices(self.model_groups)
         if not self.is_submitted():
             self._show_current_model()
 
@@ -125,20 +125,6 @@ class AgentForm(FlaskForm):
         )
         if taken:
             raise ValidationError("Another agent already has this name.")
-
-
-def _grouped_choices(groups: list[model_picker.Group]) -> dict[str, list[tuple[str, str]]]:
-    """The picker's options: each connection's models, then "another model" there."""
-    return {
-        group.connection.name: [
-            *((model_picker.value(group.connection, model), model) for model in group.models),
-            (
-                model_picker.value(group.connection, ""),
-                f"Another model at {group.connection.name} (type its id)",
-            ),
-        ]
-        for group in groups
-    }
 
 
 class ImportForm(FlaskForm):

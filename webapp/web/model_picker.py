@@ -51,6 +51,17 @@ def groups(account_id: int) -> list[Group]:
     ]
 
 
+def choices(groups: list[Group]) -> dict[str, list[tuple[str, str]]]:
+    """The picker's options, grouped by connection: its models, then "another model" there."""
+    return {
+        group.connection.name: [
+            *((value(group.connection, model), model) for model in group.models),
+            (value(group.connection, ""), f"Another model at {group.connection.name} (type its id)"),
+        ]
+        for group in groups
+    }
+
+
 def pick(account_id: int, picked: str | None, typed: str | None) -> Picked:
     """The connection and model of a picker's value, or of its text field when an id is typed there (at the
     picked option's connection); NotListed when a connection added in the app lists models and not this one, or it names
