@@ -67,6 +67,7 @@ def register(bp: Blueprint) -> None:
     bp.register_error_handler(ApiError, lambda error: error.response())
     bp.register_error_handler(RateLimitExceeded, _too_many)
     bp.register_error_handler(HTTPException, _http_error)
+    bp.register_error_handler(413, _http_error)  # before the app's own 413 page, which a status code finds first
 
 
 def init_app(app: Flask) -> None:

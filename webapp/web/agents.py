@@ -29,11 +29,10 @@ from webapp.models import Agent
 from webapp.models.agents import DEFAULT_CORE_TOKEN_BUDGET, DEFAULT_TOOLS
 from webapp.models.connections import ENVIRONMENT
 from webapp.tools import REPLY_TOOLS
-from webapp.web import model_picker
+from webapp.web import guards, model_picker
 from webapp.web.auth import admin_required, owned_or_404
 
 bp = Blueprint("agents", __name__, url_prefix="/agents")
-MAX_FILE_BYTES = 64 * 1024 * 1024  # an uploaded agent file
 
 # What each tool does, in words for the person setting up an agent (the descriptions are written for the model).
 TOOL_LABELS = {
@@ -165,13 +164,14 @@ def _index_page(form: ImportForm) -> str:
 
 
 @bp.post("/import")
+@guards.accepts_upload("AGENT_FILE_MAX_BYTES")
 @admin_required
 def import_file() -> ResponseReturnValue:
     """Restore an agent from an uploaded file as a new agent of the account, or say why the file is refused."""
     form = ImportForm()
     if form.validate_on_submit():
         try:
-            document = read(_upload(form.file.data))
+            document = read(form.file.data.read())
             imported = import_agent(
                 document, current_user.account, name=form.name.data or None, by=current_user, via="web"
             )
@@ -183,15 +183,6 @@ def import_file() -> ResponseReturnValue:
             flash(imported.summary())
             return redirect(url_for("admin.ledger", agent_id=imported.agent.id), code=303)
     return _index_page(form), 422
-
-
-def _upload(file) -> bytes:
-    data = file.read(MAX_FILE_BYTES + 1)
-    if len(data) > MAX_FILE_BYTES:
-        raise AgentFileError(
-            f"The file is larger than {MAX_FILE_BYTES // 2**20} MB: import it with `flask agents import`."
-        )
-    return data
 
 
 @bp.post("/<int:agent_id>/export")
