@@ -21,12 +21,19 @@ from wtforms import (
 from wtforms.fields.choices import SelectChoice
 from wtforms.validators import DataRequired, Length, NumberRange, Optional, Regexp, ValidationError
 
-from webapp.agent_files.errors import AgentFileError, NameTaken
+from webapp.agent_files.errors import AgentFileError, NameRefused
 from webapp.agent_files.export import export_agent, record_export
 from webapp.agent_files.restore import import_agent, read
 from webapp.extensions import db
 from webapp.models import Agent
-from webapp.models.agents import DEFAULT_CORE_TOKEN_BUDGET, DEFAULT_TOOLS
+from webapp.models.agents import (
+    DEFAULT_CORE_TOKEN_BUDGET,
+    DEFAULT_TOOLS,
+    NAME_MAX_CHARS,
+    NAME_PATTERN,
+    NAME_RULE,
+    SYSTEM_PROMPT_MAX_CHARS,
+)
 from webapp.models.connections import ENVIRONMENT
 from webapp.tools import REPLY_TOOLS
 from webapp.web import guards, model_picker
@@ -47,11 +54,11 @@ class AgentForm(FlaskForm):
         "Name",
         validators=[
             DataRequired(),
-            Length(max=40),
-            Regexp(r"^[\w][\w .'-]*$", message="Use letters, digits, spaces, dots, dashes or apostrophes."),
+            Length(max=NAME_MAX_CHARS),
+            Regexp(NAME_PATTERN, message=NAME_RULE),
         ],
     )
-    system_prompt = TextAreaField("System prompt", validators=[Length(max=20_000)])
+    system_prompt = TextAreaField("System prompt", validators=[Length(max=SYSTEM_PROMPT_MAX_CHARS)])
     model_choice = SelectField("Model", validate_choice=False)
     model_id = StringField("Or type a model id", validators=[Length(max=200)])
     enabled_tools = SelectMultipleField(
@@ -144,7 +151,7 @@ class ImportForm(FlaskForm):
     file = FileField("Agent file (.cairn.json, or a Letta .af)", validators=[FileRequired("Choose a file.")])
     name = StringField(
         "Name here (empty: the file's)",
-        validators=[Optional(), Length(max=40)],
+        validators=[Optional(), Length(max=NAME_MAX_CHARS), Regexp(NAME_PATTERN, message=NAME_RULE)],
         filters=[lambda text: text.strip() if text else text],
     )
 
@@ -175,7 +182,7 @@ def import_file() -> ResponseReturnValue:
             imported = import_agent(
                 document, current_user.account, name=form.name.data or None, by=current_user, via="web"
             )
-        except NameTaken as refusal:
+        except NameRefused as refusal:
             form.name.errors = [*form.name.errors, f"{refusal} Give it another name here."]
         except AgentFileError as refusal:
             form.file.errors = [*form.file.errors, f"{refusal} Nothing was imported."]
