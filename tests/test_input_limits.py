@@ -10,6 +10,9 @@ import pytest
 import sqlalchemy as sa
 
 from tests import factories
+from webapp.agent_files.errors import AgentFileError
+from webapp.agent_files.restore import read
+from webapp.agent_files.schema import FILE_CAPS, UPLOAD_CAPS
 from webapp.extensions import db
 from webapp.mcp.http import Gate
 from webapp.models import Agent, Message
@@ -121,7 +124,10 @@ def test_the_mcp_relay_answers_413_as_json_rpc_and_reads_no_body_without_a_live_
     assert too_large.get_json() == {
         "jsonrpc": "2.0",
         "id": None,
-        "error": {"code": -32600, "message": "The request is larger than 4,194,304 bytes (REQUEST_MAX_BYTES)."},
+        "error": {
+            "code": -32600,
+            "message": "The request is larger than 4,194,304 bytes (REQUEST_MAX_BYTES).",
+        },
     }
     assert small.taken == 0  # relayed without its body (no MCP process runs here: 503)
     assert no_key.status_code == 503
@@ -218,3 +224,168 @@ def test_the_agent_file_upload_has_its_own_larger_limit(app, client, signed_in, 
     assert imported.status_code == 422 and "system_prompt" in imported.text
     assert too_large.status_code == 413 and "<h1>Too large</h1>" in too_large.text
     assert db.session.scalar(sa.select(sa.func.count()).select_from(Agent)) == 1
+
+
+# 11. The agent-file import applies the forms' limits, caps its rows, and refuses deep nesting.
+
+
+def _exported(runner) -> dict:
+    return json.loads(runner.invoke(args=["agents", "export", "Ada"]).stdout)
+
+
+def _upload(client, document, name: str = "") -> object:
+    raw = document if isinstance(document, bytes) else json.dumps(document).encode()
+    return client.post("/agents/import", data={"file": (io.BytesIO(raw), "a.cairn.json"), "name": name})
+
+
+def _agents() -> list[str]:
+    return list(db.session.scalars(sa.select(Agent.name).order_by(Agent.id)))
+
+
+def test_an_import_takes_what_the_agent_form_takes(client, signed_in, runner, ada):
+    long_prompt = _exported(runner)
+    long_prompt["agent"]["system_prompt"] = "x" * 20_001
+    markup = _exported(runner)
+    markup["agent"]["name"] = "<img src=x onerror=alert(1)>"
+    too_long = _exported(runner)
+    too_long["agent"]["name"] = "A" * 41
+
+    prompt = _upload(client, long_prompt, "Ada two")
+    named = _upload(client, markup)
+    longer = _upload(client, too_long)
+    renamed = _upload(client, markup, "Ada two")  # the admin names it as the form would take
+
+    assert prompt.status_code == 422
+    assert "at agent.system_prompt: 20,001 characters, more than the 20,000 it may have" in prompt.text
+    for refused in (named, longer):
+        assert refused.status_code == 422
+        assert "is not one the agent form takes: 1 to 40 characters" in refused.text
+        assert "Give it another name here." in refused.text
+    assert "<img src=x" not in named.text  # quoted escaped, never as markup
+    assert renamed.status_code == 303
+    assert _agents() == ["Ada", "Ada two"]
+
+
+def _memories(count: int) -> list[dict]:
+    now = "2025-01-01T00:00:00+00:00"
+    return [
+        {
+            "ref": f"m{i}",
+            "memory_type": "core",
+            "constitutional": False,
+            "content": f"memory {i}",
+            "audience": "everyone",
+            "chat": None,
+            "created_at": now,
+            "updated_at": now,
+            "deleted_at": None,
+        }
+        for i in range(1, count + 1)
+    ]
+
+
+def test_an_upload_over_the_row_caps_is_refused_and_the_command_line_takes_more(
+    client, signed_in, runner, ada, tmp_path
+):
+    document = _exported(runner)
+    document["memories"], document["audit"] = _memories(UPLOAD_CAPS["memories"] + 1), []
+
+    refused = _upload(client, document, "Ada two")
+    path = tmp_path / "ada.cairn.json"
+    path.write_text(json.dumps(document))
+    cli = runner.invoke(args=["agents", "import", str(path), "--as", "Ada three"])
+    document["memories"] = _memories(FILE_CAPS["memories"] + 1)
+    path.write_text(json.dumps(document))
+    over = runner.invoke(args=["agents", "import", str(path), "--as", "Ada four"])
+
+    assert refused.status_code == 422
+    assert (
+        "The file holds 2,001 memories; an import here takes at most 2,000 (`flask agents import` takes more)."
+        in refused.text
+    )
+    assert cli.exit_code == 0 and "Imported Ada three: 2001 memories" in cli.output
+    assert over.exit_code == 1 and "The file holds 10,001 memories; an import here takes at most 10,000." in (
+        over.output
+    )
+    assert _agents() == ["Ada", "Ada three"]
+
+
+def test_messages_are_capped_across_all_chats(app, runner, ada):
+    document = _exported(runner)
+    chat = {**document["chats"][0]} if document["chats"] else None
+    message = {
+        "ref": "msg1",
+        "role": "user",
+        "author": {"kind": "none", "name": "x", "email": None},
+        "content": "hi",
+        "status": "done",
+        "error": None,
+        "tools_used": None,
+        "created_at": "2025-01-01T00:00:00+00:00",
+        "sources": None,
+    }
+    base = chat or {}
+    chats = [
+        {**base, "ref": f"c{n}", "messages": [{**message, "ref": f"msg{n}_{i}"} for i in range(2_001)]}
+        for n in (1, 2)
+    ]
+    document["chats"] = chats
+
+    with pytest.raises(
+        AgentFileError, match="The file holds 4,002 messages; an import here takes at most 4,000"
+    ):
+        read(json.dumps(document), UPLOAD_CAPS)
+
+
+@pytest.mark.parametrize("levels", [10_000, 100])
+def test_deeply_nested_json_is_refused_with_a_clear_422(client, signed_in, levels):
+    nested = b'{"format": "cairn-agent", "version": 1, "x": ' + b"[" * levels + b"]" * levels + b"}"
+
+    refused = _upload(client, nested, "Deep")
+
+    assert refused.status_code == 422
+    assert "The file&#39;s JSON nests deeper than 32 levels; an agent file never does." in refused.text
+    assert _agents() == []
+
+
+# 12. A Letta block with an absurd label is refused (it made the reader loop until memory ran out).
+
+
+def _letta(label: str, name: str = "sam") -> dict:
+    return {
+        "agents": [{"id": "agent-0", "name": name, "system": "You are Sam.", "block_ids": ["block-0"]}],
+        "blocks": [{"id": "block-0", "label": label, "value": "First name: Chad\n\nLikes sailing."}],
+        "tools": [],
+    }
+
+
+def test_a_letta_block_with_an_absurd_label_is_refused_not_looped_on(app):
+    for label in ("x" * 9_980, "x" * 20_000):
+        with pytest.raises(
+            AgentFileError, match="has a label of [0-9,]+ characters; Cairn takes labels of at most"
+        ):
+            read(json.dumps(_letta(label)))
+    accepted = read(json.dumps(_letta("y" * 100, name="<b>Sam</b> & co")))
+    assert accepted["memories"][0]["content"].startswith("y" * 100 + ": First name: Chad")
+    assert accepted["agent"]["name"] == "b Sam b co"  # a name the agent form takes
+
+
+# 13. Two 500s: the name form without its field, and the jobs page past its last page.
+
+
+def test_the_name_form_without_its_field_is_not_a_500(client, signed_in):
+    signed_in.name = "Dana"
+    db.session.commit()
+
+    answer = client.post("/account/name", data={})
+
+    assert answer.status_code == 303
+    assert db.session.get(type(signed_in), signed_in.id).name is None  # absent, as empty: the e-mail's part
+
+
+def test_the_jobs_page_caps_its_page_number(client, signed_in):
+    for page in ("1000000000000000000", "99999999999999999999"):
+        answer = client.get(f"/admin/jobs?page={page}")
+
+        assert answer.status_code == 200, answer.text[:300]
+        assert "page=10001" not in answer.text  # MAX_PAGE is the last page it links to

@@ -30,12 +30,9 @@ from webapp.agent_files.errors import AgentFileError, NameRefused, NameTaken
 from webapp.agent_files.export import CHAT_IMPORT
 from webapp.agent_files.schema import (
     DATA_REFS,
+    FILE_CAPS,
     FORMAT,
-    MAX_AUDIT_ROWS,
-    MAX_CHATS,
     MAX_DEPTH,
-    MAX_MEMORIES,
-    MAX_MESSAGES,
     SCHEMA,
     VERSION,
     is_ref,
@@ -99,9 +96,10 @@ class Imported:
         return text
 
 
-def read(raw: bytes | str) -> dict[str, Any]:
-    """The document in a file, checked: complete JSON, a format and version this Cairn reads, following the
-    schema, every reference naming a row of the file. A Letta .af file is read as the agent it describes."""
+def read(raw: bytes | str, caps: dict[str, int] = FILE_CAPS) -> dict[str, Any]:
+    """The document in a file, checked: complete JSON nested at most MAX_DEPTH levels, a format and version this
+    Cairn reads, at most `caps` rows of each kind, following the schema, every reference naming a row of the
+    file. A Letta .af file is read as the agent it describes."""
     try:
         text = raw.decode("utf-8-sig") if isinstance(raw, bytes) else raw
     except UnicodeDecodeError as error:
@@ -122,9 +120,9 @@ def read(raw: bytes | str) -> dict[str, Any]:
         raise AgentFileError("The file is not a Cairn agent file: its JSON is not an object.")
     if document.get("format") != FORMAT:
         if letta.is_agent_file(document):
-            return check(letta.to_cairn(document))
+            return check(letta.to_cairn(document), caps)
         raise AgentFileError(f'The file is not a Cairn agent file: it does not say "format": "{FORMAT}".')
-    return check(document)
+    return check(document, caps)
 
 
 _TOO_DEEP = f"The file's JSON nests deeper than {MAX_DEPTH} levels; an agent file never does."
@@ -146,22 +144,21 @@ def _check_depth(document: Any) -> None:
     raise AgentFileError(_TOO_DEEP)
 
 
-def _check_counts(document: dict[str, Any]) -> None:
-    """Refuse a file with more rows than one import takes (docs/agent-file.md), before checking each row."""
-    caps = {"memories": MAX_MEMORIES, "audit": MAX_AUDIT_ROWS, "sessions": MAX_AUDIT_ROWS, "chats": MAX_CHATS}
+def _check_counts(document: dict[str, Any], caps: dict[str, int]) -> None:
+    """Refuse a file with more rows than this import takes (docs/agent-file.md), before checking each row."""
     counts = {key: len(document[key]) for key in caps if isinstance(document.get(key), list)}
     chats = [chat for chat in document.get("chats") or [] if isinstance(chat, dict)]
-    caps["messages"] = MAX_MESSAGES
     counts["messages"] = sum(len(c["messages"]) for c in chats if isinstance(c.get("messages"), list))
     for key, count in counts.items():
         if count > caps[key]:
+            more = " (`flask agents import` takes more)" if caps[key] < FILE_CAPS[key] else ""
             raise AgentFileError(
-                f"The file holds {count:,} {key.replace('audit', 'audit rows')}; an import takes at most "
-                f"{caps[key]:,}."
+                f"The file holds {count:,} {key.replace('audit', 'audit rows')}; an import here takes at most "
+                f"{caps[key]:,}{more}."
             )
 
 
-def check(document: dict[str, Any]) -> dict[str, Any]:
+def check(document: dict[str, Any], caps: dict[str, int] = FILE_CAPS) -> dict[str, Any]:
     """The cairn-agent document, if this Cairn can import it; else AgentFileError."""
     version = document.get("version")
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
@@ -171,7 +168,7 @@ def check(document: dict[str, Any]) -> dict[str, Any]:
             f"The file is in cairn-agent format version {version}, newer than this Cairn reads (version "
             f"{VERSION}): upgrade Cairn to import it."
         )
-    _check_counts(document)
+    _check_counts(document, caps)
     _no_database_ids(document, "file")
     error = best_match(_VALIDATOR.iter_errors(document))
     if error is not None:

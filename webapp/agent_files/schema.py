@@ -27,12 +27,16 @@ DATA_REFS = {
 }
 EXPORTED_STATUSES = ("done", "failed")
 
-# What one file may hold (docs/agent-file.md): the forms' limits on its fields, and caps on its rows that keep an
-# import short (about 10 s at the caps), as it holds the database's write lock (SQLite) until it commits whole.
+# What one file may hold (docs/agent-file.md): the forms' limits on its fields, and caps on its rows. An import
+# is one transaction (all of it or nothing), which holds the database's write lock on SQLite until it commits: the
+# caps keep that short. These are the format's (and `flask agents import`'s, run by an operator); an upload on the
+# agents page takes UPLOAD_CAPS, a few seconds of writing.
 MAX_MEMORIES = 10_000
 MAX_AUDIT_ROWS = 30_000
 MAX_CHATS = 1_000
 MAX_MESSAGES = 20_000  # in all its chats together
+FILE_CAPS = {"memories": MAX_MEMORIES, "audit": MAX_AUDIT_ROWS, "chats": MAX_CHATS, "messages": MAX_MESSAGES}
+UPLOAD_CAPS = {"memories": 2_000, "audit": 6_000, "chats": 200, "messages": 4_000}
 MAX_TEXT_CHARS = 100_000  # a message, a summary, any other text without a limit of its own
 MAX_MEMORY_DOC_CHARS = 1_000_000
 MAX_DEPTH = 32  # levels of nested objects and lists; a cairn-agent file has 8 at most  # an unfinished reply is exported as failed: nothing resumes it

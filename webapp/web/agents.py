@@ -24,6 +24,7 @@ from wtforms.validators import DataRequired, Length, NumberRange, Optional, Rege
 from webapp.agent_files.errors import AgentFileError, NameRefused
 from webapp.agent_files.export import export_agent, record_export
 from webapp.agent_files.restore import import_agent, read
+from webapp.agent_files.schema import UPLOAD_CAPS
 from webapp.extensions import db
 from webapp.models import Agent
 from webapp.models.agents import (
@@ -178,7 +179,7 @@ def import_file() -> ResponseReturnValue:
     form = ImportForm()
     if form.validate_on_submit():
         try:
-            document = read(form.file.data.read())
+            document = read(form.file.data.read(), UPLOAD_CAPS)
             imported = import_agent(
                 document, current_user.account, name=form.name.data or None, by=current_user, via="web"
             )
