@@ -113,7 +113,7 @@ def accepts_upload(setting: str) -> Callable:
 
 def _before_reading_the_body() -> Response | None:
     """The body's limit for this view; an upload (multipart) from someone not signed in is refused unread. Pages
-    send them to sign in; /v1 and /mcp (API keys, never multipart) answer 401 in their own shape."""
+    send them to sign in; /v1 and /mcp (API keys, never multipart) answer 401."""
     view = current_app.view_functions.get(request.endpoint or "")
     if setting := getattr(view, "max_body_setting", None):
         request.max_content_length = current_app.config[setting]
@@ -124,7 +124,7 @@ def _before_reading_the_body() -> Response | None:
     return current_app.login_manager.unauthorized()
 
 
-def body_limit_text() -> str:
+def _body_limit_text() -> str:
     """This request's body limit, in words."""
     limit = request.max_content_length or 0
     return f"{limit / 2**20:g} MB" if limit >= 2**20 else f"{limit // 1024} KB"
@@ -132,7 +132,7 @@ def body_limit_text() -> str:
 
 def _too_large(_error: RequestEntityTooLarge) -> Response:
     """413 in the app's style: a notice for HTMX, a page in the layout otherwise."""
-    text = f"The request is larger than Cairn accepts here ({body_limit_text()}); nothing was saved."
+    text = f"The request is larger than Cairn accepts here ({_body_limit_text()}); nothing was saved."
     if request.headers.get("HX-Request"):
         return notice(text, 413)
     return Response(render_template("too_large.html", text=text), status=413)
