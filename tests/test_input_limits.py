@@ -39,6 +39,11 @@ class CountingStream(io.BytesIO):
         self.taken += len(data)
         return data
 
+    def readinto(self, buffer):
+        count = super().readinto(buffer)
+        self.taken += count
+        return count
+
 
 @pytest.fixture
 def ada(admin):
