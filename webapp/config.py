@@ -240,6 +240,11 @@ def load(instance_path: str) -> dict:
         "SUMMARY_MODEL_ID": os.environ.get("SUMMARY_MODEL_ID", ""),
         "CROSS_CONVERSATION_REFRESH_SECONDS": _int("CROSS_CONVERSATION_REFRESH_SECONDS", 20),
         "MESSAGE_MAX_CHARS": 20_000,
+        # The largest request body (bytes) the app reads: forms, /v1 and /mcp. Larger ones are refused with 413
+        # before they are read; an agent file upload (the one route that takes a file) may be up to
+        # AGENT_FILE_MAX_BYTES.
+        "REQUEST_MAX_BYTES": _int("REQUEST_MAX_BYTES", 4 * 2**20),
+        "AGENT_FILE_MAX_BYTES": _int("AGENT_FILE_MAX_BYTES", 64 * 2**20),
         "MESSAGES_PER_PAGE": 50,
         # Live reply streams one user may hold open at once (tabs of chat pages); more are refused with 429.
         "STREAM_MAX_PER_USER": _int("STREAM_MAX_PER_USER", 8),
@@ -292,6 +297,8 @@ BOUNDS: dict[str, tuple[float | None, float | None]] = {
     "STREAM_KEEPALIVE_SECONDS": (0.1, None),
     "TRUSTED_PROXY_HOPS": (0, None),
     "MESSAGE_MAX_CHARS": (1, None),
+    "REQUEST_MAX_BYTES": (64 * 1024, None),
+    "AGENT_FILE_MAX_BYTES": (64 * 1024, None),
     "MESSAGES_PER_PAGE": (1, None),
 }
 OPTIONAL_BOUNDS: dict[str, tuple[float | None, float | None]] = {  # checked when set

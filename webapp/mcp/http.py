@@ -5,7 +5,8 @@ of its own under `make run` and in deploy/). It is stateless (each POST is answe
 session kept between requests), so it can be restarted, or run as several processes, without clients noticing.
 In front of it, a gate checks each request before the SDK sees it, the key as /v1 checks it
 (webapp.web.api_auth): a missing, unknown or revoked key is 401, a key past RATE_LIMIT_MCP is 429 with
-Retry-After, an agent not in the key's account is 404; errors are JSON in the OpenAI error shape of /v1.
+Retry-After, an agent not in the key's account is 404; errors are JSON in the OpenAI error shape of /v1. Only
+then is the body read, up to REQUEST_MAX_BYTES: a larger one is 413, a JSON-RPC error.
 """
 
 import json
@@ -75,6 +76,10 @@ class Gate:
             scope[CALLER] = await anyio.to_thread.run_sync(self._admit, scope)
         except Refusal as refusal:
             await _refuse(send, refusal)
+            return
+        limit = self.app.config["REQUEST_MAX_BYTES"]
+        if (receive := await _bounded_body(scope, receive, limit)) is None:
+            await _too_large(send, limit)
             return
         await self.inner(scope, receive, send)
 
@@ -146,6 +151,40 @@ async def _refuse(send: Send, refusal: Refusal) -> None:
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     headers += [(k.lower().encode(), v.encode()) for k, v in refusal.headers.items()]
     await send({"type": "http.response.start", "status": refusal.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _bounded_body(scope: Scope, receive: Receive, limit: int) -> Receive | None:
+    """The body read (after the key was checked) up to `limit` bytes and replayed to the SDK; None when it is
+    larger: by its Content-Length, unread, or as it arrives."""
+    length = next((v for k, v in scope["headers"] if k == b"content-length"), b"0")
+    if not length.isdigit() or int(length) > limit:
+        return None
+    chunks, size, message = [], 0, {"more_body": True}
+    while message.get("more_body"):
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        chunks.append(message.get("body", b""))
+        size += len(chunks[-1])
+        if size > limit:
+            return None
+    replay = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
+    if message["type"] != "http.request":
+        replay.append(message)
+
+    async def replayed() -> dict:
+        return replay.pop(0) if replay else await receive()
+
+    return replayed
+
+
+async def _too_large(send: Send, limit: int) -> None:
+    """413 as a JSON-RPC error (-32600, invalid request), which MCP clients show."""
+    message = f"The request is larger than {limit:,} bytes (REQUEST_MAX_BYTES)."
+    body = json.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": message}}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": 413, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
