@@ -414,6 +414,63 @@ def test_a_client_id_continues_its_chat_whatever_the_history(client, key, ada, h
     assert unnamed.client_conversation_id is None and len(_turns(unnamed)) == 2
 
 
+def _ask_at_once(app, secret: str, bodies: list[dict], headers: dict) -> list:
+    """POST each body on a thread of its own, all released at once; this thread answers their replies."""
+    start, responses = threading.Barrier(len(bodies)), [None] * len(bodies)
+
+    def post(i: int) -> None:
+        client = app.test_client()
+        start.wait()
+        responses[i] = client.post("/v1/chat/completions", headers=_auth(secret, **headers), json=bodies[i])
+
+    threads = [threading.Thread(target=post, args=(i,)) for i in range(len(bodies))]
+    for thread in threads:
+        thread.start()
+    while any(thread.is_alive() for thread in threads):
+        SimpleWorker([rq_queue("replies")], connection=rq_queue().connection).work(burst=True)
+        for thread in threads:
+            thread.join(0.02)
+    return responses
+
+
+def test_simultaneous_requests_with_a_new_conversation_id_make_one_chat_with_every_turn(app, key, admin, ada):
+    """Issue 31.14: five requests racing with a new id made five chats, and the id then followed the newest."""
+    asked = [f"Turn {i}." for i in range(5)]
+
+    answers = _ask_at_once(app, key, [_body(text) for text in asked], {"X-Cairn-Conversation": "race"})
+
+    assert [a.status_code for a in answers] == [200] * 5, [a.text for a in answers]
+    chats = _api_chats(admin)
+    assert len(chats) == 1, [_turns(c) for c in chats]
+    [chat] = chats
+    assert chat.client_conversation_id == "race" and chat.client_agent_id == ada.id
+    turns = _turns(chat)
+    assert sorted(text for role, text in turns if role == "user") == asked
+    assert [role for role, _ in turns].count("assistant") == 5
+
+    later = _ask(app.test_client(), key, _body("And after."), {"X-Cairn-Conversation": "race"})
+    assert later.status_code == 200 and [c.id for c in _api_chats(admin)] == [chat.id]
+
+
+def test_one_id_names_one_chat_per_agent_and_a_discarded_chat_gives_its_id_to_a_new_one(
+    client, key, admin, ada
+):
+    factories.agent(admin.account, "Basil")
+    _ask(client, key, _body("To Ada.", user="garden"))
+    _ask(client, key, _body("To Basil.", model="basil", user="garden"))
+    ada_chat, basil_chat = _api_chats(admin)
+    ada_chat.discarded_at = utcnow()
+    db.session.commit()
+
+    _ask(client, key, _body("Ada again.", user="garden"))
+
+    *_, fresh = _api_chats(admin)
+    assert [t for t in _turns(fresh) if t[0] == "user"] == [("user", "Ada again.")]
+    assert (fresh.client_conversation_id, fresh.client_agent_id) == ("garden", ada.id)
+    assert _api_chats(admin)[0].client_conversation_id is None  # the discarded chat let go of it
+    assert len(_turns(basil_chat)) == 2 and basil_chat.client_conversation_id == "garden"
+
+
 def test_another_persons_key_never_reaches_the_first_persons_chat(client, key, admin, member, ada):
     _ask(client, key, _body("Dana's secret plan.", user="shared-id"))
     _ask(client, key, _body("Dana again."))

@@ -158,9 +158,12 @@ def _client_id(body: dict) -> str | None:
 def chat_for(person: User, asked: Asked) -> Chat:
     """The chat this exchange belongs to (module docstring); a new one is added (not committed), private to the
     person and marked as coming through the API."""
-    found = _named(person, asked) if asked.client_id else _continued(person, asked)
-    if found is not None:
-        return found
+    if asked.client_id:
+        return _named(person, asked)
+    return _continued(person, asked) or _new(person, asked)
+
+
+def _new(person: User, asked: Asked) -> Chat:
     chat = Chat.start(person, [asked.agent], source="api", client_conversation_id=asked.client_id)
     db.session.flush()
     return chat
@@ -182,9 +185,39 @@ def _theirs(person: User, agent: Agent) -> sa.Select:
     )
 
 
-def _named(person: User, asked: Asked) -> Chat | None:
-    query = _theirs(person, asked.agent).where(Chat.client_conversation_id == asked.client_id)
-    return db.session.scalar(query.limit(1))
+def _named(person: User, asked: Asked) -> Chat:
+    """The chat the client's id names, made on its first use. Requests racing to make it are settled by the
+    unique constraint on (person, agent, id): each tries in a savepoint, and a loser reads the winner's chat."""
+    for _ in range(3):  # a winner whose chat is out of reach by the time it is read is raced again
+        found = db.session.scalar(_theirs(person, asked.agent).where(_names(person, asked)).limit(1))
+        if found is not None:
+            return found
+        try:
+            with db.session.begin_nested():
+                _release(person, asked)
+                return _new(person, asked)
+        except sa.exc.IntegrityError:
+            continue  # another request made it first
+    raise ApiError(409, "Another request is making this conversation's chat; ask again.", code="conflict")
+
+
+def _names(person: User, asked: Asked) -> sa.ColumnElement[bool]:
+    return sa.and_(
+        Chat.started_by_id == person.id,
+        Chat.client_agent_id == asked.agent.id,
+        Chat.client_conversation_id == asked.client_id,
+    )
+
+
+def _release(person: User, asked: Asked) -> None:
+    """A chat the id names that the person can no longer continue (discarded, or out of their reach) lets go
+    of it: the conversation goes on in a new chat."""
+    usable = _theirs(person, asked.agent).with_only_columns(Chat.id).order_by(None)
+    db.session.execute(
+        sa.update(Chat)
+        .where(_names(person, asked), Chat.id.not_in(usable))
+        .values(client_conversation_id=None, client_agent_id=None)
+    )
 
 
 def _stored_turns():
