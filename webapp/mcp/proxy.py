@@ -5,18 +5,19 @@ Production); this relay is then only a fallback. Exempt from CSRF: MCP clients s
 """
 
 import http.client
-import json
 from collections.abc import Iterator
 
 from flask import Blueprint, Response, current_app, request
 
 from webapp.extensions import csrf
+from webapp.mcp.errors import error_body
 
 bp = Blueprint("mcp", __name__)
 csrf.exempt(bp)
 
 METHODS = ["GET", "POST", "DELETE"]
-# Headers that describe one connection, not the message (RFC 9110, 7.6.1): never relayed.
+# Headers that describe one connection, not the message (RFC 9110, 7.6.1): never relayed. Host is relayed: the
+# MCP process compares a browser's Origin with it.
 HOP_BY_HOP = {
     "connection",
     "keep-alive",
@@ -26,7 +27,6 @@ HOP_BY_HOP = {
     "trailer",
     "transfer-encoding",
     "upgrade",
-    "host",
     "content-length",
 }
 CHUNK = 64 * 1024
@@ -62,11 +62,6 @@ def _body(upstream: http.client.HTTPConnection, answer: http.client.HTTPResponse
 
 
 def _unavailable() -> Response:
-    body = {
-        "error": {
-            "message": "The MCP service is not running; it is restarted by itself within seconds.",
-            "type": "service_unavailable",
-            "code": "mcp_unavailable",
-        }
-    }
-    return Response(json.dumps(body), status=503, mimetype="application/json", headers={"Retry-After": "5"})
+    message = "The MCP service is not running; it is restarted by itself within seconds."
+    body = error_body(503, message, "mcp_unavailable")
+    return Response(body, status=503, mimetype="application/json", headers={"Retry-After": "5"})
