@@ -243,6 +243,71 @@ def test_a_bad_request_is_a_400_saying_what_is_wrong_and_changes_nothing(client,
     assert db.session.scalar(sa.select(sa.func.count()).select_from(Message)) == 0
 
 
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"n": 2}, ["n"]),
+        ({"response_format": {"type": "json_object"}}, ["response_format"]),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, ["response_format"]),
+        ({"logprobs": True, "top_logprobs": 3}, ["logprobs", "top_logprobs"]),
+        ({"max_tokens": 50}, ["max_tokens"]),
+        ({"max_completion_tokens": 50}, ["max_completion_tokens"]),
+        ({"stop": ["\n"]}, ["stop"]),
+        ({"stop": "END"}, ["stop"]),
+        ({"tools": [{"type": "function", "function": {"name": "get_weather"}}]}, ["tools"]),
+        ({"tool_choice": "required"}, ["tool_choice"]),
+        (
+            {"functions": [{"name": "get_weather"}], "function_call": {"name": "get_weather"}},
+            ["functions", "function_call"],
+        ),
+        ({"modalities": ["text", "audio"], "audio": {"voice": "alloy"}}, ["modalities", "audio"]),
+        ({"logit_bias": {"50256": -100}}, ["logit_bias"]),
+        ({"n": 3, "max_tokens": 10, "tools": [{"type": "function"}]}, ["n", "max_tokens", "tools"]),
+    ],
+    ids=lambda value: "+".join(value) if isinstance(value, list) else None,
+)
+def test_parameters_cairn_cannot_honour_are_a_400_naming_them(app, client, key, ada, fake_llm, fields, named):
+    """Issue 31.15: they were ignored, and the client got an answer other than the one it asked for."""
+    app.config["API_REPLY_SECONDS"] = 1  # were one taken, no worker answers: a 503, not a wait
+    response = _ask(client, key, _body(**fields), worker=False)
+
+    assert response.status_code == 400, response.text
+    error = response.json["error"]
+    assert (error["type"], error["code"], error["param"]) == (
+        "invalid_request_error",
+        "unsupported_parameter",
+        named[0],
+    )
+    assert all(f"`{name}`" in error["message"] for name in named) and "Leave " in error["message"]
+    assert not _api_chats() and not fake_llm.requests
+
+
+def test_parameters_that_ask_nothing_cairn_cannot_do_are_accepted(client, key, ada):
+    harmless = {
+        "temperature": 0.2,
+        "top_p": 0.9,
+        "presence_penalty": 0.5,
+        "frequency_penalty": 0.1,
+        "seed": 7,
+        "n": 1,
+        "response_format": {"type": "text"},
+        "logprobs": False,
+        "max_tokens": None,
+        "stop": [],
+        "tools": [],
+        "tool_choice": "none",
+        "parallel_tool_calls": False,
+        "modalities": ["text"],
+        "store": False,
+        "top_k": 40,  # not OpenAI's: other clients' extensions are let be
+    }
+
+    response = _ask(client, key, _body(**harmless))
+
+    assert response.status_code == 200, response.text
+    assert response.json["choices"][0]["message"]["content"] == "ok"
+
+
 def test_text_parts_are_joined_and_a_paused_agent_is_refused(client, key, ada):
     parts = [{"type": "text", "text": "Hello"}, {"type": "text", "text": "there"}]
     answered = _ask(client, key, {"model": "ada", "messages": [{"role": "user", "content": parts}]})

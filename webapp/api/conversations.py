@@ -21,6 +21,32 @@ CONVERSATION_HEADER = "X-Cairn-Conversation"
 MAX_CLIENT_ID_CHARS = 200  # chats.client_conversation_id
 CANDIDATES = 20  # the newest chats of the right length whose messages are compared with a history
 UNSTORABLE = "\x00"
+# Parameters Cairn cannot honour, when a request gives them a value that asks for something (`asks`), and why.
+# A client relying on one would get an answer other than the one it asked for, so it is told (400) instead.
+# The rest (temperature, top_p, penalties, seed, ...) are accepted and not used: the agent answers with its own
+# model and settings, as it does in Cairn (README, "What a request may ask").
+_WHOLE = "the reply is one message of the chat, written whole by the agent's model with its own settings"
+_OWN_TOOLS = "the agent's tools are its own and run inside Cairn; it cannot call a client's"
+UNHONOURED: dict[str, tuple[Any, str]] = {
+    "n": (lambda v: v != 1, "one answer per request: " + _WHOLE),
+    "response_format": (
+        lambda v: not (isinstance(v, dict) and v.get("type") == "text"),
+        "the agent answers in its own words, in no format or schema a client sets",
+    ),
+    "logprobs": (bool, "the reply keeps no token probabilities"),
+    "top_logprobs": (lambda v: True, "the reply keeps no token probabilities"),
+    "max_tokens": (lambda v: True, "no shorter answer can be asked for: " + _WHOLE),
+    "max_completion_tokens": (lambda v: True, "no shorter answer can be asked for: " + _WHOLE),
+    "stop": (bool, "it cannot stop at a client's sequences: " + _WHOLE),
+    "logit_bias": (bool, _WHOLE),
+    "tools": (bool, _OWN_TOOLS),
+    "functions": (bool, _OWN_TOOLS),
+    "tool_choice": (lambda v: v not in ("none", "auto"), _OWN_TOOLS),
+    "function_call": (lambda v: v not in ("none", "auto"), _OWN_TOOLS),
+    "modalities": (lambda v: v != ["text"], "Cairn's agents answer in text only"),
+    "audio": (lambda v: True, "Cairn's agents answer in text only"),
+    "web_search_options": (lambda v: True, _OWN_TOOLS),
+}
 
 
 @dataclass
@@ -41,6 +67,7 @@ def parse(person: User, body: Any) -> Asked:
         raise ApiError(
             400, "The body must be a JSON object (Content-Type: application/json).", code="invalid_json"
         )
+    _refuse_unhonoured(body)
     turns = _turns(body.get("messages"))
     role, content = turns[-1]
     if role != "user":
@@ -60,6 +87,24 @@ def parse(person: User, body: Any) -> Asked:
         stream=stream,
         include_usage=isinstance(options, dict) and options.get("include_usage") is True,
     )
+
+
+def _refuse_unhonoured(body: dict) -> None:
+    """A 400 naming every parameter of the request that asks for what Cairn cannot honour (UNHONOURED)."""
+    named = [
+        (name, why)
+        for name, (asks, why) in UNHONOURED.items()
+        if body.get(name) is not None and asks(body[name])
+    ]
+    if named:
+        reasons = "; ".join(f"`{name}`: {why}" for name, why in named)
+        raise ApiError(
+            400,
+            f"Cairn cannot honour {', '.join(f'`{n}`' for n, _ in named)} ({reasons}). Leave "
+            f"{'it' if len(named) == 1 else 'them'} out to talk to the agent.",
+            param=named[0][0],
+            code="unsupported_parameter",
+        )
 
 
 def agent_for(person: User, model: Any) -> Agent:
