@@ -431,11 +431,13 @@ def test_http_refusals_are_json_rpc_errors_whose_reason_mcp_clients_show(live_ap
             streamable_http_client(f"{live_server}/mcp/ada", http_client=http) as (read, write),
             ClientSession(read, write) as session,
         ):
-            await session.initialize()
+            try:
+                await session.initialize()
+            except MCPError as error:
+                return error.error.message, error.error.data
 
-    with pytest.raises(MCPError) as refused:
-        _run(connect)
-    assert "Invalid or revoked API key" in str(refused.value)
+    message, data = _run(connect)
+    assert message.startswith("Invalid or revoked API key") and data["reason"] == "invalid_api_key"
 
     status, headers, body = _post(f"{mcp_process}/mcp/ada", "cairn_not-a-key")
     assert status == 401 and headers["www-authenticate"].startswith("Bearer")
