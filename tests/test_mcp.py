@@ -400,7 +400,11 @@ INITIALIZE = {
     "jsonrpc": "2.0",
     "id": 1,
     "method": "initialize",
-    "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "t", "version": "1"},
+    },
 }
 
 
@@ -442,7 +446,10 @@ def test_http_refusals_are_json_rpc_errors_whose_reason_mcp_clients_show(live_ap
     status, headers, body = _post(f"{mcp_process}/mcp/ada", "cairn_not-a-key")
     assert status == 401 and headers["www-authenticate"].startswith("Bearer")
     assert body["jsonrpc"] == "2.0" and body["id"] is None
-    assert body["error"]["code"] == -32600 and body["error"]["data"] == {"status": 401, "reason": "invalid_api_key"}
+    assert body["error"]["code"] == -32600 and body["error"]["data"] == {
+        "status": 401,
+        "reason": "invalid_api_key",
+    }
     assert "Invalid or revoked API key" in body["error"]["message"]
 
 

@@ -41,7 +41,9 @@ def upgrade():
     for chat_id, *key in rows:
         if tuple(key) in kept:
             bind.execute(
-                sa.text("UPDATE chats SET client_conversation_id = NULL, client_agent_id = NULL WHERE id = :id"),
+                sa.text(
+                    "UPDATE chats SET client_conversation_id = NULL, client_agent_id = NULL WHERE id = :id"
+                ),
                 {"id": chat_id},
             )
         kept.add(tuple(key))

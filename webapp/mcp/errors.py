@@ -4,7 +4,8 @@ The SDK's client shows the message of such a body; of any other body only "Serve
 
 import json
 
-INVALID_REQUEST = -32600  # JSON-RPC's code for a request the server will not take, as the SDK's transport uses
+# JSON-RPC's code for a request the server will not take, as the SDK's own transport uses it.
+INVALID_REQUEST = -32600
 SERVER_ERROR = -32000  # the first of JSON-RPC's codes for a server's own errors: busy, or not running
 
 
