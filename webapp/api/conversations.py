@@ -6,6 +6,7 @@ The chat is: the one the client names (X-Cairn-Conversation, metadata.conversati
 API chat of the person with this agent whose stored messages the history repeats exactly, else a new one.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +28,7 @@ UNSTORABLE = "\x00"
 # model and settings, as it does in Cairn (README, "What a request may ask").
 _WHOLE = "the reply is one message of the chat, written whole by the agent's model with its own settings"
 _OWN_TOOLS = "the agent's tools are its own and run inside Cairn; it cannot call a client's"
-UNHONOURED: dict[str, tuple[Any, str]] = {
+UNHONOURED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "n": (lambda v: v != 1, "one answer per request: " + _WHOLE),
     "response_format": (
         lambda v: not (isinstance(v, dict) and v.get("type") == "text"),
