@@ -5,8 +5,8 @@ of its own under `make run` and in deploy/). It is stateless (each POST is answe
 session kept between requests), so it can be restarted, or run as several processes, without clients noticing.
 In front of it, a gate checks each request before the SDK sees it, the key as /v1 checks it
 (webapp.web.api_auth): a missing, unknown or revoked key is 401, a key past RATE_LIMIT_MCP is 429 with
-Retry-After, an agent not in the key's account is 404, and a browser page of another origin is 403 (the MCP
-spec's guard against DNS rebinding); errors are JSON-RPC error objects (webapp.mcp.errors), as MCP clients read.
+Retry-After, an agent not in the key's account is 404, and a browser page of another origin is 403 (a MUST of
+the MCP spec; README says what it stops); errors are JSON-RPC error objects (webapp.mcp.errors), as MCP clients read.
 """
 
 import logging
