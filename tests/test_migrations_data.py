@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import sqlalchemy as sa
 
 from tests.test_cli import _empty_database, flask
@@ -234,3 +235,73 @@ def test_upgrading_ties_old_memories_to_the_chats_they_came_from_without_a_comma
         "chat",
         "migration",
     )
+
+
+def test_upgrading_leaves_one_chat_per_person_agent_and_client_id_with_the_one_it_leads_to(tmp_path):
+    """Issue 31.14: racing requests made several chats with one client id. The id stays with the chat the API
+    continued (not discarded, newest activity); the others keep their messages, no longer named by it."""
+    url = _empty_database(tmp_path)
+    env = {"DATABASE_URL": url}
+    assert flask("db", "upgrade", "a4c6e8f0b2d4", env=env).returncode == 0
+    engine = sa.create_engine(url)
+    chat = (
+        "INSERT INTO chats (id, account_id, title, manual_responses, memory_doc, visibility, source, "
+        "started_by_id, client_conversation_id, discarded_at, created_at, updated_at, last_message_at) VALUES "
+        "({id}, 1, '', false, '', 'private', 'api', {by}, {client}, {discarded}, '2026-01-01', '2026-01-01', "
+        "'2026-01-0{day}')"
+    )
+    chats = [  # id, person, client id, discarded, day of the last message, agent
+        (1, 1, "'race'", "NULL", 2, 5),
+        (2, 1, "'race'", "NULL", 3, 5),  # the newest activity: where the id led
+        (3, 1, "'race'", "'2026-01-05'", 4, 5),  # discarded
+        (4, 1, "'race'", "NULL", 1, 6),  # the same id with another agent is another conversation
+        (5, 2, "'race'", "NULL", 1, 5),  # and with another person
+        (6, 1, "NULL", "NULL", 1, 5),
+    ]
+    with engine.begin() as conn:
+        conn.execute(sa.text(ROWS[0]))
+        conn.execute(
+            sa.text(
+                "INSERT INTO users (id, account_id, email, password_hash, role, created_at) VALUES "
+                "(1, 1, 'ana@example.com', 'x', 'admin', '2026-01-01'), "
+                "(2, 1, 'ben@example.com', 'x', 'member', '2026-01-01')"
+            )
+        )
+        conn.execute(
+            sa.text(
+                "INSERT INTO agents (id, account_id, name, slug, system_prompt, model_id, enabled_tools, "
+                "core_token_budget, paused, consolidates_direct_chats, members_see_memory, background_changes, "
+                "created_at, updated_at) VALUES (5, 1, 'Ada', 'ada', '', 'm', '[]', 5000, false, true, "
+                "'prompt', 'automatic', '2026-01-01', '2026-01-01'), (6, 1, 'Basil', 'basil', '', 'm', '[]', "
+                "5000, false, true, 'prompt', 'automatic', '2026-01-01', '2026-01-01')"
+            )
+        )
+        for id_, by, client, discarded, day, agent in chats:
+            conn.execute(sa.text(chat.format(id=id_, by=by, client=client, discarded=discarded, day=day)))
+            conn.execute(
+                sa.text(
+                    f"INSERT INTO chat_agents (chat_id, agent_id, created_at) VALUES ({id_}, {agent}, '2026-01-01')"
+                )
+            )
+    engine.dispose()
+
+    result = flask("db", "upgrade", env=env)
+
+    assert result.returncode == 0, result.stderr
+    engine = sa.create_engine(url)
+    with engine.connect() as conn:
+        named = conn.execute(
+            sa.text("SELECT id, client_conversation_id, client_agent_id FROM chats ORDER BY id")
+        ).all()
+    with pytest.raises(sa.exc.IntegrityError), engine.begin() as conn:
+        conn.execute(sa.text(chat.format(id=7, by=1, client="'race'", discarded="NULL", day=9)))
+        conn.execute(sa.text("UPDATE chats SET client_agent_id = 5 WHERE id = 7"))
+    engine.dispose()
+    assert [tuple(row) for row in named] == [
+        (1, None, None),
+        (2, "race", 5),
+        (3, None, None),
+        (4, "race", 6),
+        (5, "race", 5),
+        (6, None, None),
+    ]

@@ -261,6 +261,13 @@ def load(instance_path: str) -> dict:
         # relays /mcp to it. Its requests are limited per API key, counted in the same storage.
         "MCP_PORT": _int("MCP_PORT", 8002),
         "RATE_LIMIT_MCP": os.environ.get("RATE_LIMIT_MCP", "120 per minute; 3000 per hour"),
+        # Browser origins besides Cairn's own that may call the MCP server (comma-separated, as
+        # `https://app.example`); a request from any other Origin is refused (403), one with none is not.
+        "MCP_ALLOWED_ORIGINS": [
+            part.strip().rstrip("/").lower()
+            for part in os.environ.get("MCP_ALLOWED_ORIGINS", "").split(",")
+            if part.strip()
+        ],
         # Where `flask models pull` and the admin page download the local models' catalog files from (the
         # catalog pins their paths and hashes: webapp/local_models/catalog.py); a mirror, or a stand-in in tests.
         "MODEL_DOWNLOAD_BASE_URL": os.environ.get("MODEL_DOWNLOAD_BASE_URL", "https://huggingface.co"),

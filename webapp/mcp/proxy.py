@@ -7,13 +7,13 @@ REQUEST_MAX_BYTES (else 413, a JSON-RPC error).
 """
 
 import http.client
-import json
 from collections.abc import Iterator
 
 from flask import Blueprint, Response, current_app, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from webapp.extensions import csrf, db
+from webapp.mcp.errors import error_body
 from webapp.models.api_keys import ApiKey
 from webapp.web.api_auth import bearer_secret
 
@@ -21,7 +21,8 @@ bp = Blueprint("mcp", __name__)
 csrf.exempt(bp)
 
 METHODS = ["GET", "POST", "DELETE"]
-# Headers that describe one connection, not the message (RFC 9110, 7.6.1): never relayed.
+# Headers that describe one connection, not the message (RFC 9110, 7.6.1): never relayed. Host is relayed: the
+# MCP process compares a browser's Origin with it.
 HOP_BY_HOP = {
     "connection",
     "keep-alive",
@@ -31,7 +32,6 @@ HOP_BY_HOP = {
     "trailer",
     "transfer-encoding",
     "upgrade",
-    "host",
     "content-length",
 }
 CHUNK = 64 * 1024
@@ -69,15 +69,8 @@ def _body_with_a_live_key() -> bytes:
 def _too_large(_error: RequestEntityTooLarge) -> Response:
     """413 as a JSON-RPC error (-32600, invalid request), which MCP clients show."""
     limit = current_app.config["REQUEST_MAX_BYTES"]
-    body = {
-        "jsonrpc": "2.0",
-        "id": None,
-        "error": {
-            "code": -32600,
-            "message": f"The request is larger than {limit:,} bytes (REQUEST_MAX_BYTES).",
-        },
-    }
-    return Response(json.dumps(body), status=413, mimetype="application/json")
+    message = f"The request is larger than {limit:,} bytes (REQUEST_MAX_BYTES)."
+    return Response(error_body(413, message, "too_large"), status=413, mimetype="application/json")
 
 
 def _body(upstream: http.client.HTTPConnection, answer: http.client.HTTPResponse) -> Iterator[bytes]:
@@ -90,11 +83,6 @@ def _body(upstream: http.client.HTTPConnection, answer: http.client.HTTPResponse
 
 
 def _unavailable() -> Response:
-    body = {
-        "error": {
-            "message": "The MCP service is not running; it is restarted by itself within seconds.",
-            "type": "service_unavailable",
-            "code": "mcp_unavailable",
-        }
-    }
-    return Response(json.dumps(body), status=503, mimetype="application/json", headers={"Retry-After": "5"})
+    message = "The MCP service is not running; it is restarted by itself within seconds."
+    body = error_body(503, message, "mcp_unavailable")
+    return Response(body, status=503, mimetype="application/json", headers={"Retry-After": "5"})
