@@ -132,6 +132,7 @@ def test_the_mcp_relay_answers_413_as_json_rpc_and_reads_no_body_without_a_live_
         "error": {
             "code": -32600,
             "message": "The request is larger than 4,194,304 bytes (REQUEST_MAX_BYTES).",
+            "data": {"status": 413, "reason": "too_large"},  # as every MCP refusal (webapp.mcp.errors)
         },
     }
     assert small.taken == 0  # relayed without its body (no MCP process runs here: 503)

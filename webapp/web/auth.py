@@ -88,7 +88,7 @@ class NameForm(FlaskForm):
     )
 
     def validate_name(self, field: StringField) -> None:
-        name = field.data
+        name = field.data or ""  # absent from the post (a form that names the field otherwise)
         agent = db.session.scalar(
             sa.select(Agent.name).where(
                 Agent.account_id == current_user.account_id, sa.func.lower(Agent.name) == name.lower()
