@@ -244,6 +244,71 @@ def test_a_bad_request_is_a_400_saying_what_is_wrong_and_changes_nothing(client,
     assert db.session.scalar(sa.select(sa.func.count()).select_from(Message)) == 0
 
 
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"n": 2}, ["n"]),
+        ({"response_format": {"type": "json_object"}}, ["response_format"]),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, ["response_format"]),
+        ({"logprobs": True, "top_logprobs": 3}, ["logprobs", "top_logprobs"]),
+        ({"max_tokens": 50}, ["max_tokens"]),
+        ({"max_completion_tokens": 50}, ["max_completion_tokens"]),
+        ({"stop": ["\n"]}, ["stop"]),
+        ({"stop": "END"}, ["stop"]),
+        ({"tools": [{"type": "function", "function": {"name": "get_weather"}}]}, ["tools"]),
+        ({"tool_choice": "required"}, ["tool_choice"]),
+        (
+            {"functions": [{"name": "get_weather"}], "function_call": {"name": "get_weather"}},
+            ["functions", "function_call"],
+        ),
+        ({"modalities": ["text", "audio"], "audio": {"voice": "alloy"}}, ["modalities", "audio"]),
+        ({"logit_bias": {"50256": -100}}, ["logit_bias"]),
+        ({"n": 3, "max_tokens": 10, "tools": [{"type": "function"}]}, ["n", "max_tokens", "tools"]),
+    ],
+    ids=lambda value: "+".join(value) if isinstance(value, list) else None,
+)
+def test_parameters_cairn_cannot_honour_are_a_400_naming_them(app, client, key, ada, fake_llm, fields, named):
+    """Issue 31.15: they were ignored, and the client got an answer other than the one it asked for."""
+    app.config["API_REPLY_SECONDS"] = 1  # were one taken, no worker answers: a 503, not a wait
+    response = _ask(client, key, _body(**fields), worker=False)
+
+    assert response.status_code == 400, response.text
+    error = response.json["error"]
+    assert (error["type"], error["code"], error["param"]) == (
+        "invalid_request_error",
+        "unsupported_parameter",
+        named[0],
+    )
+    assert all(f"`{name}`" in error["message"] for name in named) and "Leave " in error["message"]
+    assert not _api_chats() and not fake_llm.requests
+
+
+def test_parameters_that_ask_nothing_cairn_cannot_do_are_accepted(client, key, ada):
+    harmless = {
+        "temperature": 0.2,
+        "top_p": 0.9,
+        "presence_penalty": 0.5,
+        "frequency_penalty": 0.1,
+        "seed": 7,
+        "n": 1,
+        "response_format": {"type": "text"},
+        "logprobs": False,
+        "max_tokens": None,
+        "stop": [],
+        "tools": [],
+        "tool_choice": "none",
+        "parallel_tool_calls": False,
+        "modalities": ["text"],
+        "store": False,
+        "top_k": 40,  # not OpenAI's: other clients' extensions are let be
+    }
+
+    response = _ask(client, key, _body(**harmless))
+
+    assert response.status_code == 200, response.text
+    assert response.json["choices"][0]["message"]["content"] == "ok"
+
+
 def test_text_parts_are_joined_and_a_paused_agent_is_refused(client, key, ada):
     parts = [{"type": "text", "text": "Hello"}, {"type": "text", "text": "there"}]
     answered = _ask(client, key, {"model": "ada", "messages": [{"role": "user", "content": parts}]})
@@ -413,6 +478,63 @@ def test_a_client_id_continues_its_chat_whatever_the_history(client, key, ada, h
     assert named.client_conversation_id == "thread-7"
     assert [t for t in _turns(named) if t[0] == "user"] == [("user", "One."), ("user", "Two.")]
     assert unnamed.client_conversation_id is None and len(_turns(unnamed)) == 2
+
+
+def _ask_at_once(app, secret: str, bodies: list[dict], headers: dict) -> list:
+    """POST each body on a thread of its own, all released at once; this thread answers their replies."""
+    start, responses = threading.Barrier(len(bodies)), [None] * len(bodies)
+
+    def post(i: int) -> None:
+        client = app.test_client()
+        start.wait()
+        responses[i] = client.post("/v1/chat/completions", headers=_auth(secret, **headers), json=bodies[i])
+
+    threads = [threading.Thread(target=post, args=(i,)) for i in range(len(bodies))]
+    for thread in threads:
+        thread.start()
+    while any(thread.is_alive() for thread in threads):
+        SimpleWorker([rq_queue("replies")], connection=rq_queue().connection).work(burst=True)
+        for thread in threads:
+            thread.join(0.02)
+    return responses
+
+
+def test_simultaneous_requests_with_a_new_conversation_id_make_one_chat_with_every_turn(app, key, admin, ada):
+    """Issue 31.14: five requests racing with a new id made five chats, and the id then followed the newest."""
+    asked = [f"Turn {i}." for i in range(5)]
+
+    answers = _ask_at_once(app, key, [_body(text) for text in asked], {"X-Cairn-Conversation": "race"})
+
+    assert [a.status_code for a in answers] == [200] * 5, [a.text for a in answers]
+    chats = _api_chats(admin)
+    assert len(chats) == 1, [_turns(c) for c in chats]
+    [chat] = chats
+    assert chat.client_conversation_id == "race" and chat.client_agent_id == ada.id
+    turns = _turns(chat)
+    assert sorted(text for role, text in turns if role == "user") == asked
+    assert [role for role, _ in turns].count("assistant") == 5
+
+    later = _ask(app.test_client(), key, _body("And after."), {"X-Cairn-Conversation": "race"})
+    assert later.status_code == 200 and [c.id for c in _api_chats(admin)] == [chat.id]
+
+
+def test_one_id_names_one_chat_per_agent_and_a_discarded_chat_gives_its_id_to_a_new_one(
+    client, key, admin, ada
+):
+    factories.agent(admin.account, "Basil")
+    _ask(client, key, _body("To Ada.", user="garden"))
+    _ask(client, key, _body("To Basil.", model="basil", user="garden"))
+    ada_chat, basil_chat = _api_chats(admin)
+    ada_chat.discarded_at = utcnow()
+    db.session.commit()
+
+    _ask(client, key, _body("Ada again.", user="garden"))
+
+    *_, fresh = _api_chats(admin)
+    assert [t for t in _turns(fresh) if t[0] == "user"] == [("user", "Ada again.")]
+    assert (fresh.client_conversation_id, fresh.client_agent_id) == ("garden", ada.id)
+    assert _api_chats(admin)[0].client_conversation_id is None  # the discarded chat let go of it
+    assert len(_turns(basil_chat)) == 2 and basil_chat.client_conversation_id == "garden"
 
 
 def test_another_persons_key_never_reaches_the_first_persons_chat(client, key, admin, member, ada):

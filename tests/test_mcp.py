@@ -15,7 +15,7 @@ import anyio
 import httpx2
 import pytest
 import sqlalchemy as sa
-from mcp import Client, ClientSession
+from mcp import Client, ClientSession, MCPError
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
@@ -234,7 +234,8 @@ def test_the_web_relay_says_when_the_mcp_process_is_down(app, client):
     response = client.post("/mcp/ada", json={}, headers={"Authorization": "Bearer cairn_x"})
 
     assert response.status_code == 503
-    assert response.json["error"]["code"] == "mcp_unavailable"
+    assert response.json["error"]["data"]["reason"] == "mcp_unavailable"
+    assert "not running" in response.json["error"]["message"] and response.json["jsonrpc"] == "2.0"
     assert response.headers["Retry-After"] == "5"
 
 
@@ -309,7 +310,12 @@ def mcp_process(live_app):
     """`flask mcp http` on a free port, its requests limited to 8 a minute per key; the web app relays /mcp
     to it."""
     port = free_port()
-    env = {**worker_env(live_app), "MCP_PORT": str(port), "RATE_LIMIT_MCP": "8 per minute"}
+    env = {
+        **worker_env(live_app),
+        "MCP_PORT": str(port),
+        "RATE_LIMIT_MCP": "8 per minute",
+        "MCP_ALLOWED_ORIGINS": "https://Allowed.example/, https://other.example",
+    }
     process = subprocess.Popen([FLASK, "mcp", "http"], cwd=ROOT, env=env)
     live_app.config["MCP_PORT"] = port
     wait_for(lambda: _status(f"http://127.0.0.1:{port}/mcp/ada", "") == 401, 60, "the MCP process to start")
@@ -387,4 +393,89 @@ def test_http_refuses_another_accounts_agent_and_limits_each_key(live_app, mcp_p
         urllib.request.urlopen(request, timeout=5)
     assert refused.value.code == 429
     assert int(refused.value.headers["Retry-After"]) >= 1
-    assert json.load(refused.value)["error"]["code"] == "rate_limit_exceeded"
+    assert json.load(refused.value)["error"]["data"]["reason"] == "rate_limit_exceeded"
+
+
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "t", "version": "1"},
+    },
+}
+
+
+def _post(url: str, secret: str, origin: str | None = None) -> tuple[int, dict, dict]:
+    """An MCP initialize request: its status, headers and JSON body."""
+    headers = {
+        "Authorization": f"Bearer {secret}",
+        "Content-Type": "application/json",
+        "Accept": "application/json, text/event-stream",
+        **({"Origin": origin} if origin else {}),
+    }
+    request = urllib.request.Request(url, json.dumps(INITIALIZE).encode(), headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, dict(response.headers), json.load(response)
+    except urllib.error.HTTPError as error:
+        return error.code, dict(error.headers), json.load(error)
+
+
+def test_http_refusals_are_json_rpc_errors_whose_reason_mcp_clients_show(live_app, live_server, mcp_process):
+    """Issue 31.16: a 401 in OpenAI's shape reached an MCP client as "Server returned an error response"."""
+    _live_people(live_app)
+
+    async def connect():
+        headers = {"Authorization": "Bearer cairn_not-a-key"}
+        async with (
+            httpx2.AsyncClient(headers=headers, timeout=30) as http,
+            streamable_http_client(f"{live_server}/mcp/ada", http_client=http) as (read, write),
+            ClientSession(read, write) as session,
+        ):
+            try:
+                await session.initialize()
+            except MCPError as error:
+                return error.error.message, error.error.data
+
+    message, data = _run(connect)
+    assert message.startswith("Invalid or revoked API key") and data["reason"] == "invalid_api_key"
+
+    status, headers, body = _post(f"{mcp_process}/mcp/ada", "cairn_not-a-key")
+    assert status == 401 and headers["www-authenticate"].startswith("Bearer")
+    assert body["jsonrpc"] == "2.0" and body["id"] is None
+    assert body["error"]["code"] == -32600 and body["error"]["data"] == {
+        "status": 401,
+        "reason": "invalid_api_key",
+    }
+    assert "Invalid or revoked API key" in body["error"]["message"]
+
+
+def test_http_takes_no_origin_its_own_or_a_configured_one_and_refuses_others(
+    live_app, live_server, mcp_process
+):
+    """Issue 31.16: the MCP spec's MUST against DNS rebinding; clients outside a browser send no Origin."""
+    _admin, member, _ada = _live_people(live_app)
+    _key_row, secret = _key(member)
+    direct, relayed = f"{mcp_process}/mcp/ada", f"{live_server}/mcp/ada"
+
+    passed = [
+        _post(direct, secret),
+        _post(direct, secret, mcp_process),
+        _post(relayed, secret, live_server),  # the relay keeps the Host the page was served from
+        _post(direct, secret, "https://allowed.example"),
+        _post(relayed, secret, "https://other.example"),
+    ]
+    refused = [
+        _post(direct, secret, "https://evil.example"),
+        _post(relayed, secret, "http://evil.example:" + live_server.rsplit(":", 1)[1]),
+        _post(direct, secret, "null"),
+    ]
+
+    assert [status for status, _, _ in passed] == [200] * 5, passed
+    assert all(body["result"]["serverInfo"] for _, _, body in passed)
+    for status, _, body in refused:
+        assert status == 403 and body["error"]["data"]["reason"] == "origin_not_allowed", body
+        assert "MCP_ALLOWED_ORIGINS" in body["error"]["message"]

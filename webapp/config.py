@@ -240,6 +240,11 @@ def load(instance_path: str) -> dict:
         "SUMMARY_MODEL_ID": os.environ.get("SUMMARY_MODEL_ID", ""),
         "CROSS_CONVERSATION_REFRESH_SECONDS": _int("CROSS_CONVERSATION_REFRESH_SECONDS", 20),
         "MESSAGE_MAX_CHARS": 20_000,
+        # The largest request body (bytes) the app reads: forms, /v1 and /mcp. Larger ones are refused with 413
+        # before they are read; an agent file upload (the one route that takes a file) may be up to
+        # AGENT_FILE_MAX_BYTES.
+        "REQUEST_MAX_BYTES": _int("REQUEST_MAX_BYTES", 4 * 2**20),
+        "AGENT_FILE_MAX_BYTES": _int("AGENT_FILE_MAX_BYTES", 64 * 2**20),
         "MESSAGES_PER_PAGE": 50,
         # Live reply streams one user may hold open at once (tabs of chat pages); more are refused with 429.
         "STREAM_MAX_PER_USER": _int("STREAM_MAX_PER_USER", 8),
@@ -256,6 +261,13 @@ def load(instance_path: str) -> dict:
         # relays /mcp to it. Its requests are limited per API key, counted in the same storage.
         "MCP_PORT": _int("MCP_PORT", 8002),
         "RATE_LIMIT_MCP": os.environ.get("RATE_LIMIT_MCP", "120 per minute; 3000 per hour"),
+        # Browser origins besides Cairn's own that may call the MCP server (comma-separated, as
+        # `https://app.example`); a request from any other Origin is refused (403), one with none is not.
+        "MCP_ALLOWED_ORIGINS": [
+            part.strip().rstrip("/").lower()
+            for part in os.environ.get("MCP_ALLOWED_ORIGINS", "").split(",")
+            if part.strip()
+        ],
         # Where `flask models pull` and the admin page download the local models' catalog files from (the
         # catalog pins their paths and hashes: webapp/local_models/catalog.py); a mirror, or a stand-in in tests.
         "MODEL_DOWNLOAD_BASE_URL": os.environ.get("MODEL_DOWNLOAD_BASE_URL", "https://huggingface.co"),
@@ -292,6 +304,8 @@ BOUNDS: dict[str, tuple[float | None, float | None]] = {
     "STREAM_KEEPALIVE_SECONDS": (0.1, None),
     "TRUSTED_PROXY_HOPS": (0, None),
     "MESSAGE_MAX_CHARS": (1, None),
+    "REQUEST_MAX_BYTES": (64 * 1024, None),
+    "AGENT_FILE_MAX_BYTES": (64 * 1024, None),
     "MESSAGES_PER_PAGE": (1, None),
 }
 OPTIONAL_BOUNDS: dict[str, tuple[float | None, float | None]] = {  # checked when set

@@ -15,7 +15,7 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import FunctionElement
 
 import webapp.jobs
-from webapp.admin.common import answer, bp
+from webapp.admin.common import answer, bp, page_number, page_of
 from webapp.admin.prices import RUNS_HERE, Price, price_of
 from webapp.admin.run_words import on_unreadable_chats, worked_on
 from webapp.extensions import db
@@ -292,14 +292,12 @@ def _job_types() -> list[str]:
 def jobs() -> ResponseReturnValue:
     """Recent background job runs with status, duration, tokens and errors; filterable, newest first."""
     filters = _job_filters()
-    page = max(request.args.get("page", 1, type=int), 1)
-    query = _filtered_runs(filters).offset((page - 1) * RUNS_PER_PAGE).limit(RUNS_PER_PAGE + 1)
-    found = db.session.scalars(query).all()
-    runs = found[:RUNS_PER_PAGE]
+    page = page_number()
+    runs, has_more = page_of(_filtered_runs(filters), page, RUNS_PER_PAGE)
     ids = [run.id for run in runs]
     rows = _grouped([LlmCall.job_run_id], LlmCall.job_run_id.in_(ids))
     usage = _fold(rows, lambda r: r.job_run_id, _pricing(rows))
-    context = dict(runs=runs, usage=usage, filters=filters, page=page, has_more=len(found) > RUNS_PER_PAGE)
+    context = dict(runs=runs, usage=usage, filters=filters, page=page, has_more=has_more)
     context["worked_on"] = worked_on(runs)
     context["withheld"] = on_unreadable_chats(context["worked_on"])
     context["job_functions"] = JOB_TYPES

@@ -12,6 +12,7 @@ repository), `{"agents": [...], "blocks": [...], "tools": [...], ...}`, each age
   default model).
 """
 
+import re
 from typing import Any
 
 from flask import current_app
@@ -19,11 +20,12 @@ from flask import current_app
 from webapp.agent_files.errors import AgentFileError
 from webapp.agent_files.export import iso
 from webapp.agent_files.schema import FORMAT, VERSION, ref
-from webapp.models.agents import DEFAULT_CORE_TOKEN_BUDGET, DEFAULT_TOOLS
+from webapp.models.agents import DEFAULT_CORE_TOKEN_BUDGET, DEFAULT_TOOLS, NAME_MAX_CHARS
 from webapp.models.memories import MAX_CONTENT_CHARS
 from webapp.timeutil import utcnow
 
 VIA = "letta-import"
+MAX_LABEL_CHARS = 100  # Letta's labels are words ("persona", "human"); a memory keeps room for its text
 
 
 def is_agent_file(document: dict[str, Any]) -> bool:
@@ -50,6 +52,11 @@ def to_cairn(document: dict[str, Any]) -> dict[str, Any]:
                 f"The Letta file's agent names memory block {block_id!r}, which it does not hold."
             )
         label, value = str(block.get("label") or "memory"), str(block.get("value") or "").strip()
+        if len(label) > MAX_LABEL_CHARS:
+            raise AgentFileError(
+                f"The Letta file's memory block {block_id!r} has a label of {len(label):,} characters; Cairn "
+                f"takes labels of at most {MAX_LABEL_CHARS}."
+            )
         contents += [(part, bool(block.get("read_only"))) for part in _parts(label, value)]
     memories = [_memory(i, content, protected, now) for i, (content, protected) in enumerate(contents, 1)]
     return {
@@ -67,7 +74,7 @@ def to_cairn(document: dict[str, Any]) -> dict[str, Any]:
 
 
 def _settings(agent: dict[str, Any], now: str) -> dict[str, Any]:
-    name = str(agent.get("name") or "").strip()[:80] or "Letta agent"
+    name = _name(str(agent.get("name") or ""))
     return {
         "name": name,
         "slug": "",
@@ -85,12 +92,22 @@ def _settings(agent: dict[str, Any], now: str) -> dict[str, Any]:
     }
 
 
+def _name(name: str) -> str:
+    """The agent's name as the agent form takes it: what is not a letter, digit, space, dot, dash or apostrophe
+    dropped, at most NAME_MAX_CHARS."""
+    kept = re.sub(r"[^\w .'-]+", " ", name)
+    kept = " ".join(re.sub(r"^[^\w]+", "", kept).split())[:NAME_MAX_CHARS].strip()
+    return kept or "Letta agent"
+
+
 def _parts(label: str, value: str) -> list[str]:
     """A block as memories of at most MAX_CONTENT_CHARS, "label: value" (split at paragraphs, or hard, when
-    too long: "label (2 of 3): …")."""
+    too long: "label (2 of 3): …"). The label is at most MAX_LABEL_CHARS."""
     if not value:
         return []
     room = MAX_CONTENT_CHARS - len(label) - 20
+    if room < 1:
+        raise AgentFileError(f"A Letta memory block's label has {len(label):,} characters: too long.")
     chunks, current = [], ""
     for paragraph in value.split("\n\n"):
         while len(paragraph) > room:

@@ -14,6 +14,7 @@ of them is in the account, the importing admin, so a private chat is never left 
 """
 
 import json
+import re
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -25,9 +26,18 @@ from jsonschema.exceptions import best_match
 from slugify import slugify
 
 from webapp.agent_files import letta
-from webapp.agent_files.errors import AgentFileError, NameTaken
+from webapp.agent_files.errors import AgentFileError, NameRefused, NameTaken
 from webapp.agent_files.export import CHAT_IMPORT
-from webapp.agent_files.schema import DATA_REFS, FORMAT, SCHEMA, VERSION, is_ref, names_an_id
+from webapp.agent_files.schema import (
+    DATA_REFS,
+    FILE_CAPS,
+    FORMAT,
+    MAX_DEPTH,
+    SCHEMA,
+    VERSION,
+    is_ref,
+    names_an_id,
+)
 from webapp.extensions import db
 from webapp.models import (
     Account,
@@ -41,12 +51,12 @@ from webapp.models import (
     ReplySources,
     User,
 )
+from webapp.models.agents import NAME_MAX_CHARS, NAME_PATTERN, NAME_RULE
 from webapp.models.memories import ConstitutionalMemoryError
 from webapp.timeutil import utcnow
 from webapp.tools import REPLY_TOOLS
 
 AGENT_IMPORT = "agent_import"
-MAX_NAME_CHARS = 80
 # Where a file names another row: these keys hold references (or lists of them), never database ids.
 REF_KEYS = {
     "ref",
@@ -86,9 +96,10 @@ class Imported:
         return text
 
 
-def read(raw: bytes | str) -> dict[str, Any]:
-    """The document in a file, checked: complete JSON, a format and version this Cairn reads, following the
-    schema, every reference naming a row of the file. A Letta .af file is read as the agent it describes."""
+def read(raw: bytes | str, caps: dict[str, int] = FILE_CAPS) -> dict[str, Any]:
+    """The document in a file, checked: complete JSON nested at most MAX_DEPTH levels, a format and version this
+    Cairn reads, at most `caps` rows of each kind, following the schema, every reference naming a row of the
+    file. A Letta .af file is read as the agent it describes."""
     try:
         text = raw.decode("utf-8-sig") if isinstance(raw, bytes) else raw
     except UnicodeDecodeError as error:
@@ -102,16 +113,52 @@ def read(raw: bytes | str) -> dict[str, Any]:
             f"The file is not complete JSON (was it cut short?): {error.msg} at line {error.lineno}, "
             f"column {error.colno}."
         ) from None
+    except RecursionError:
+        raise AgentFileError(_TOO_DEEP) from None
+    _check_depth(document)
     if not isinstance(document, dict):
         raise AgentFileError("The file is not a Cairn agent file: its JSON is not an object.")
     if document.get("format") != FORMAT:
         if letta.is_agent_file(document):
-            return check(letta.to_cairn(document))
+            return check(letta.to_cairn(document), caps)
         raise AgentFileError(f'The file is not a Cairn agent file: it does not say "format": "{FORMAT}".')
-    return check(document)
+    return check(document, caps)
 
 
-def check(document: dict[str, Any]) -> dict[str, Any]:
+_TOO_DEEP = f"The file's JSON nests deeper than {MAX_DEPTH} levels; an agent file never does."
+
+
+def _check_depth(document: Any) -> None:
+    """Refuse JSON nested deeper than MAX_DEPTH (walked without recursion), before anything recurses into it."""
+    level = [document]
+    for _ in range(MAX_DEPTH):
+        level = [
+            item
+            for value in level
+            if isinstance(value, dict | list)
+            for item in (value.values() if isinstance(value, dict) else value)
+            if isinstance(item, dict | list)
+        ]
+        if not level:
+            return
+    raise AgentFileError(_TOO_DEEP)
+
+
+def _check_counts(document: dict[str, Any], caps: dict[str, int]) -> None:
+    """Refuse a file with more rows than this import takes (docs/agent-file.md), before checking each row."""
+    counts = {key: len(document[key]) for key in caps if isinstance(document.get(key), list)}
+    chats = [chat for chat in document.get("chats") or [] if isinstance(chat, dict)]
+    counts["messages"] = sum(len(c["messages"]) for c in chats if isinstance(c.get("messages"), list))
+    for key, count in counts.items():
+        if count > caps[key]:
+            more = " (`flask agents import` takes more)" if caps[key] < FILE_CAPS[key] else ""
+            raise AgentFileError(
+                f"The file holds {count:,} {key.replace('audit', 'audit rows')}; an import here takes at most "
+                f"{caps[key]:,}{more}."
+            )
+
+
+def check(document: dict[str, Any], caps: dict[str, int] = FILE_CAPS) -> dict[str, Any]:
     """The cairn-agent document, if this Cairn can import it; else AgentFileError."""
     version = document.get("version")
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
@@ -121,15 +168,23 @@ def check(document: dict[str, Any]) -> dict[str, Any]:
             f"The file is in cairn-agent format version {version}, newer than this Cairn reads (version "
             f"{VERSION}): upgrade Cairn to import it."
         )
+    _check_counts(document, caps)
     _no_database_ids(document, "file")
     error = best_match(_VALIDATOR.iter_errors(document))
     if error is not None:
         where = _path(error.absolute_path)
-        raise AgentFileError(
-            f"The file does not follow the cairn-agent format at {where}: {_short(error.message)}"
-        )
+        raise AgentFileError(f"The file does not follow the cairn-agent format at {where}: {_problem(error)}")
     _check_references(document)
     return document
+
+
+def _problem(error) -> str:
+    """What is wrong, without quoting a text or list that is too long in full."""
+    if error.validator == "maxLength":
+        return f"{len(error.instance):,} characters, more than the {error.validator_value:,} it may have."
+    if error.validator == "maxItems":
+        return f"{len(error.instance):,} items, more than the {error.validator_value:,} it may have."
+    return _short(error.message)
 
 
 def _path(parts) -> str:
@@ -339,8 +394,11 @@ class _Restore:
 
     def _agent(self, settings: dict[str, Any], name: str | None) -> Agent:
         name = (name if name is not None else settings["name"]).strip()
-        if not 1 <= len(name) <= MAX_NAME_CHARS:
-            raise AgentFileError(f"An agent's name has 1 to {MAX_NAME_CHARS} characters.")
+        if not 1 <= len(name) <= NAME_MAX_CHARS or not re.match(NAME_PATTERN, name):
+            raise NameRefused(
+                f"The agent's name {_short(name, 60)!r} is not one the agent form takes: 1 to {NAME_MAX_CHARS} "
+                f"characters. {NAME_RULE}"
+            )
         taken = db.session.scalar(
             sa.select(Agent.id).where(
                 Agent.account_id == self.account.id, sa.func.lower(Agent.name) == name.lower()

@@ -4,7 +4,7 @@
 import re
 from typing import Any
 
-from webapp.models.agents import BACKGROUND_CHANGES, MEMORY_VISIBILITY
+from webapp.models.agents import BACKGROUND_CHANGES, MEMORY_VISIBILITY, SYSTEM_PROMPT_MAX_CHARS
 from webapp.models.chats import CHAT_SOURCES, CHAT_VISIBILITIES, MESSAGE_ROLES
 from webapp.models.memories import AUDIENCES, MAX_CONTENT_CHARS, MEMORY_TYPES
 
@@ -25,7 +25,21 @@ DATA_REFS = {
     "first_message_id": "message",
     "last_message_id": "message",
 }
-EXPORTED_STATUSES = ("done", "failed")  # an unfinished reply is exported as failed: nothing resumes it
+EXPORTED_STATUSES = ("done", "failed")
+
+# What one file may hold (docs/agent-file.md): the forms' limits on its fields, and caps on its rows. An import
+# is one transaction (all of it or nothing), which holds the database's write lock on SQLite until it commits: the
+# caps keep that short. These are the format's (and `flask agents import`'s, run by an operator); an upload on the
+# agents page takes UPLOAD_CAPS, a few seconds of writing.
+MAX_MEMORIES = 10_000
+MAX_AUDIT_ROWS = 30_000
+MAX_CHATS = 1_000
+MAX_MESSAGES = 20_000  # in all its chats together
+FILE_CAPS = {"memories": MAX_MEMORIES, "audit": MAX_AUDIT_ROWS, "chats": MAX_CHATS, "messages": MAX_MESSAGES}
+UPLOAD_CAPS = {"memories": 2_000, "audit": 6_000, "chats": 200, "messages": 4_000}
+MAX_TEXT_CHARS = 100_000  # a message, a summary, any other text without a limit of its own
+MAX_MEMORY_DOC_CHARS = 1_000_000
+MAX_DEPTH = 32  # levels of nested objects and lists; a cairn-agent file has 8 at most  # an unfinished reply is exported as failed: nothing resumes it
 
 
 def ref(kind: str, number: int) -> str:
@@ -54,7 +68,7 @@ def _refs(kind: str) -> dict[str, Any]:
 
 
 _DATETIME = {"type": "string", "format": "date-time", "description": "ISO 8601, UTC."}
-_TEXT = {"type": "string"}
+_TEXT = {"type": "string", "maxLength": MAX_TEXT_CHARS}
 _PERSON = {
     "type": "object",
     "description": "A person, by name and e-mail: text, never an id.",
@@ -83,9 +97,15 @@ _AGENT = {
     ],
     "additionalProperties": False,
     "properties": {
-        "name": {"type": "string", "minLength": 1, "maxLength": 80},
+        "name": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": 80,
+            "description": "Imported as this, or as a name given on import, when it is one the agent form takes: "
+            "1 to 40 letters, digits, spaces, dots, dashes or apostrophes, starting with a letter or digit.",
+        },
         "slug": {"type": "string", "maxLength": 60, "description": "Its id for API clients (/v1)."},
-        "system_prompt": _TEXT,
+        "system_prompt": {"type": "string", "maxLength": SYSTEM_PROMPT_MAX_CHARS},
         "model_id": {"type": "string", "minLength": 1, "maxLength": 200},
         "enabled_tools": {"type": "array", "items": _TEXT, "uniqueItems": True},
         "core_token_budget": {"type": "integer", "minimum": 1},
@@ -276,9 +296,9 @@ _CHAT = {
         "summary_generated_at": _nullable(_DATETIME),
         "consolidated_through": _nullable({"$ref": "#/$defs/message_ref"}),
         "last_consolidated_at": _nullable(_DATETIME),
-        "memory_doc": _TEXT,
+        "memory_doc": {"type": "string", "maxLength": MAX_MEMORY_DOC_CHARS},
         "compacted_through": _nullable({"$ref": "#/$defs/message_ref"}),
-        "messages": {"type": "array", "items": _MESSAGE},
+        "messages": {"type": "array", "items": _MESSAGE, "maxItems": MAX_MESSAGES},
     },
     "if": {"properties": {"included": {"const": True}}},
     "then": {
@@ -321,10 +341,15 @@ SCHEMA: dict[str, Any] = {
         "exported_by": _nullable(_PERSON),
         "with_chats": {"type": "boolean"},
         "agent": _AGENT,
-        "memories": {"type": "array", "items": _MEMORY},
-        "audit": {"type": "array", "items": _AUDIT},
-        "sessions": {"type": "array", "items": _SESSION},
-        "chats": {"type": "array", "items": _CHAT},
+        "memories": {"type": "array", "items": _MEMORY, "maxItems": MAX_MEMORIES},
+        "audit": {"type": "array", "items": _AUDIT, "maxItems": MAX_AUDIT_ROWS},
+        "sessions": {"type": "array", "items": _SESSION, "maxItems": MAX_AUDIT_ROWS},
+        "chats": {
+            "type": "array",
+            "items": _CHAT,
+            "maxItems": MAX_CHATS,
+            "description": f"At most {MAX_MESSAGES:,} messages in all of them together.",
+        },
     },
     "$defs": {f"{kind}_ref": {"type": "string", "pattern": ref_pattern(kind)} for kind in PREFIXES},
 }

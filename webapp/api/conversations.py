@@ -6,6 +6,7 @@ The chat is: the one the client names (X-Cairn-Conversation, metadata.conversati
 API chat of the person with this agent whose stored messages the history repeats exactly, else a new one.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,32 @@ CONVERSATION_HEADER = "X-Cairn-Conversation"
 MAX_CLIENT_ID_CHARS = 200  # chats.client_conversation_id
 CANDIDATES = 20  # the newest chats of the right length whose messages are compared with a history
 UNSTORABLE = "\x00"
+# Parameters Cairn cannot honour, when a request gives them a value that asks for something (`asks`), and why.
+# A client relying on one would get an answer other than the one it asked for, so it is told (400) instead.
+# The rest (temperature, top_p, penalties, seed, ...) are accepted and not used: the agent answers with its own
+# model and settings, as it does in Cairn (README, "What a request may ask").
+_WHOLE = "the reply is one message of the chat, written whole by the agent's model with its own settings"
+_OWN_TOOLS = "the agent's tools are its own and run inside Cairn; it cannot call a client's"
+UNHONOURED: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "n": (lambda v: v != 1, "one answer per request: " + _WHOLE),
+    "response_format": (
+        lambda v: not (isinstance(v, dict) and v.get("type") == "text"),
+        "the agent answers in its own words, in no format or schema a client sets",
+    ),
+    "logprobs": (bool, "the reply keeps no token probabilities"),
+    "top_logprobs": (lambda v: True, "the reply keeps no token probabilities"),
+    "max_tokens": (lambda v: True, "no shorter answer can be asked for: " + _WHOLE),
+    "max_completion_tokens": (lambda v: True, "no shorter answer can be asked for: " + _WHOLE),
+    "stop": (bool, "it cannot stop at a client's sequences: " + _WHOLE),
+    "logit_bias": (bool, _WHOLE),
+    "tools": (bool, _OWN_TOOLS),
+    "functions": (bool, _OWN_TOOLS),
+    "tool_choice": (lambda v: v not in ("none", "auto"), _OWN_TOOLS),
+    "function_call": (lambda v: v not in ("none", "auto"), _OWN_TOOLS),
+    "modalities": (lambda v: v != ["text"], "Cairn's agents answer in text only"),
+    "audio": (lambda v: True, "Cairn's agents answer in text only"),
+    "web_search_options": (lambda v: True, _OWN_TOOLS),
+}
 
 
 @dataclass
@@ -41,6 +68,7 @@ def parse(person: User, body: Any) -> Asked:
         raise ApiError(
             400, "The body must be a JSON object (Content-Type: application/json).", code="invalid_json"
         )
+    _refuse_unhonoured(body)
     turns = _turns(body.get("messages"))
     role, content = turns[-1]
     if role != "user":
@@ -60,6 +88,24 @@ def parse(person: User, body: Any) -> Asked:
         stream=stream,
         include_usage=isinstance(options, dict) and options.get("include_usage") is True,
     )
+
+
+def _refuse_unhonoured(body: dict) -> None:
+    """A 400 naming every parameter of the request that asks for what Cairn cannot honour (UNHONOURED)."""
+    named = [
+        (name, why)
+        for name, (asks, why) in UNHONOURED.items()
+        if body.get(name) is not None and asks(body[name])
+    ]
+    if named:
+        reasons = "; ".join(f"`{name}`: {why}" for name, why in named)
+        raise ApiError(
+            400,
+            f"Cairn cannot honour {', '.join(f'`{n}`' for n, _ in named)} ({reasons}). Leave "
+            f"{'it' if len(named) == 1 else 'them'} out to talk to the agent.",
+            param=named[0][0],
+            code="unsupported_parameter",
+        )
 
 
 def agent_for(person: User, model: Any) -> Agent:
@@ -158,9 +204,12 @@ def _client_id(body: dict) -> str | None:
 def chat_for(person: User, asked: Asked) -> Chat:
     """The chat this exchange belongs to (module docstring); a new one is added (not committed), private to the
     person and marked as coming through the API."""
-    found = _named(person, asked) if asked.client_id else _continued(person, asked)
-    if found is not None:
-        return found
+    if asked.client_id:
+        return _named(person, asked)
+    return _continued(person, asked) or _new(person, asked)
+
+
+def _new(person: User, asked: Asked) -> Chat:
     chat = Chat.start(person, [asked.agent], source="api", client_conversation_id=asked.client_id)
     db.session.flush()
     return chat
@@ -182,9 +231,39 @@ def _theirs(person: User, agent: Agent) -> sa.Select:
     )
 
 
-def _named(person: User, asked: Asked) -> Chat | None:
-    query = _theirs(person, asked.agent).where(Chat.client_conversation_id == asked.client_id)
-    return db.session.scalar(query.limit(1))
+def _named(person: User, asked: Asked) -> Chat:
+    """The chat the client's id names, made on its first use. Requests racing to make it are settled by the
+    unique constraint on (person, agent, id): each tries in a savepoint, and a loser reads the winner's chat."""
+    for _ in range(3):  # a winner whose chat is out of reach by the time it is read is raced again
+        found = db.session.scalar(_theirs(person, asked.agent).where(_names(person, asked)).limit(1))
+        if found is not None:
+            return found
+        try:
+            with db.session.begin_nested():
+                _release(person, asked)
+                return _new(person, asked)
+        except sa.exc.IntegrityError:
+            continue  # another request made it first
+    raise ApiError(409, "Another request is making this conversation's chat; ask again.", code="conflict")
+
+
+def _names(person: User, asked: Asked) -> sa.ColumnElement[bool]:
+    return sa.and_(
+        Chat.started_by_id == person.id,
+        Chat.client_agent_id == asked.agent.id,
+        Chat.client_conversation_id == asked.client_id,
+    )
+
+
+def _release(person: User, asked: Asked) -> None:
+    """A chat the id names that the person can no longer continue (discarded, or out of their reach) lets go
+    of it: the conversation goes on in a new chat."""
+    usable = _theirs(person, asked.agent).with_only_columns(Chat.id).order_by(None)
+    db.session.execute(
+        sa.update(Chat)
+        .where(_names(person, asked), Chat.id.not_in(usable))
+        .values(client_conversation_id=None, client_agent_id=None)
+    )
 
 
 def _stored_turns():

@@ -67,6 +67,8 @@ def register(bp: Blueprint) -> None:
     bp.register_error_handler(ApiError, lambda error: error.response())
     bp.register_error_handler(RateLimitExceeded, _too_many)
     bp.register_error_handler(HTTPException, _http_error)
+    # A status code's handler is found before a class's: without this, the app's 413 page would answer.
+    bp.register_error_handler(413, _http_error)
 
 
 def init_app(app: Flask) -> None:

@@ -6,7 +6,7 @@ import click
 import sqlalchemy as sa
 from flask.cli import AppGroup
 
-from webapp.agent_files.errors import AgentFileError, NameTaken
+from webapp.agent_files.errors import AgentFileError, NameRefused
 from webapp.agent_files.export import export_agent, record_export
 from webapp.agent_files.restore import import_agent, read
 from webapp.agent_files.schema import SCHEMA
@@ -68,7 +68,7 @@ def agents_import(file, account: str | None, name: str | None, by_email: str | N
     by = _acting_admin(target, by_email)
     try:
         imported = import_agent(read(file.read()), target, name=name, by=by, via="cli")
-    except NameTaken as refusal:
+    except NameRefused as refusal:
         raise click.ClickException(f"{refusal} Import it under another name with --as NAME.") from None
     except AgentFileError as refusal:
         raise click.ClickException(f"{refusal} Nothing was imported.") from None

@@ -5,15 +5,17 @@ of its own under `make run` and in deploy/). It is stateless (each POST is answe
 session kept between requests), so it can be restarted, or run as several processes, without clients noticing.
 In front of it, a gate checks each request before the SDK sees it, the key as /v1 checks it
 (webapp.web.api_auth): a missing, unknown or revoked key is 401, a key past RATE_LIMIT_MCP is 429 with
-Retry-After, an agent not in the key's account is 404; errors are JSON in the OpenAI error shape of /v1.
+Retry-After, an agent not in the key's account is 404, and a browser page of another origin is 403 (a MUST of
+the MCP spec; README says what it stops); errors are JSON-RPC error objects (webapp.mcp.errors), as MCP clients read.
+Only then is the body read, up to REQUEST_MAX_BYTES: a larger one is 413, a JSON-RPC error too.
 """
 
-import json
 import logging
 import math
 import re
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
 import anyio.to_thread
 import sqlalchemy as sa
@@ -27,6 +29,7 @@ from redis.exceptions import RedisError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from webapp.extensions import db
+from webapp.mcp.errors import error_body
 from webapp.mcp.server import CALLER, Caller, build_server
 from webapp.models import Agent
 from webapp.web.api_auth import key_for_bearer
@@ -51,8 +54,9 @@ def create_asgi_app(app: Flask) -> ASGIApp:
         streamable_http_path="/mcp/{agent}",
         stateless_http=True,
         json_response=True,
-        # The SDK's DNS-rebinding guard refuses any Host but localhost; it protects servers that trust whoever
-        # reaches them. Every request here carries an API key, which a rebound page cannot have.
+        # The SDK's DNS-rebinding guard refuses any Host but localhost, which would refuse Cairn's own address;
+        # the gate checks Origin instead (same origin or MCP_ALLOWED_ORIGINS), and every request needs an API key,
+        # which a rebound page cannot have.
         transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
     )
     return Gate(app, inner)
@@ -76,6 +80,10 @@ class Gate:
         except Refusal as refusal:
             await _refuse(send, refusal)
             return
+        limit = self.app.config["REQUEST_MAX_BYTES"]
+        if (receive := await _bounded_body(scope, receive, limit)) is None:
+            await _too_large(send, limit)
+            return
         await self.inner(scope, receive, send)
 
     def _admit(self, scope: Scope) -> Caller:
@@ -83,8 +91,16 @@ class Gate:
         found = PATH.match(scope["path"])
         if found is None:
             raise Refusal(404, "Not found: the MCP server is at /mcp/<agent-slug>.", "not_found")
+        origin = _header(scope, b"origin")
+        if origin and not self._origin_allowed(origin, _header(scope, b"host")):
+            raise Refusal(
+                403,
+                f"Requests from {origin} may not use this MCP server: only Cairn's own pages and the origins in "
+                "MCP_ALLOWED_ORIGINS may (clients outside a browser send no Origin).",
+                "origin_not_allowed",
+            )
         with self.app.app_context():
-            key = key_for_bearer(_authorization(scope))
+            key = key_for_bearer(_header(scope, b"authorization"))
             if key is None:
                 raise Refusal(
                     401,
@@ -109,6 +125,12 @@ class Gate:
                 )
             return Caller(agent_id, user_id=key.user_id)
 
+    def _origin_allowed(self, origin: str, host: str | None) -> bool:
+        """A browser page may call only from the origin it was served at (its Host) or a configured one."""
+        origin = origin.strip().rstrip("/").lower()
+        same = bool(host) and urlsplit(origin).netloc == host.strip().lower()
+        return same or origin in self.app.config["MCP_ALLOWED_ORIGINS"]
+
     def _count(self, key_id: int) -> None:
         """Count a request against the key's limits; Refusal 429 past one. A storage outage lets it through
         (as Flask-Limiter does for the pages), recorded in the log."""
@@ -128,8 +150,8 @@ class Gate:
             log.warning("MCP rate limit not counted (storage unavailable): %s", error)
 
 
-def _authorization(scope: Scope) -> str | None:
-    return next((v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"), None)
+def _header(scope: Scope, name: bytes) -> str | None:
+    return next((v.decode("latin-1") for k, v in scope["headers"] if k == name), None)
 
 
 def _storage_options(app: Flask) -> dict[str, Any]:
@@ -140,17 +162,42 @@ def _storage_options(app: Flask) -> dict[str, Any]:
 
 
 async def _refuse(send: Send, refusal: Refusal) -> None:
-    body = json.dumps(
-        {"error": {"message": str(refusal), "type": _error_type(refusal.status), "code": refusal.kind}}
-    ).encode()
+    body = error_body(refusal.status, str(refusal), refusal.kind)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     headers += [(k.lower().encode(), v.encode()) for k, v in refusal.headers.items()]
     await send({"type": "http.response.start", "status": refusal.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
-def _error_type(status: int) -> str:
-    return {401: "authentication_error", 429: "rate_limit_error"}.get(status, "invalid_request_error")
+async def _bounded_body(scope: Scope, receive: Receive, limit: int) -> Receive | None:
+    """The body read (after the key was checked) up to `limit` bytes and replayed to the SDK; None when it is
+    larger: by its Content-Length, unread, or as it arrives."""
+    length = next((v for k, v in scope["headers"] if k == b"content-length"), b"0")
+    if not length.isdigit() or int(length) > limit:
+        return None
+    chunks, size, message = [], 0, {"more_body": True}
+    while message.get("more_body"):
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        chunks.append(message.get("body", b""))
+        size += len(chunks[-1])
+        if size > limit:
+            return None
+    replay = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
+    if message["type"] != "http.request":
+        replay.append(message)
+
+    async def replayed() -> dict:
+        return replay.pop(0) if replay else await receive()
+
+    return replayed
+
+
+async def _too_large(send: Send, limit: int) -> None:
+    await _refuse(
+        send, Refusal(413, f"The request is larger than {limit:,} bytes (REQUEST_MAX_BYTES).", "too_large")
+    )
 
 
 def serve(app: Flask, host: str, port: int) -> None:

@@ -16,6 +16,11 @@ DEFAULT_TOOLS = ("save_memory", "recall", "borrow_context")
 # or nothing. Admins always see what the prompt holds (and the ledger).
 MEMORY_VISIBILITY = ("prompt", "core", "none")
 MAX_SLUG_CHARS = 60
+# What a name and a system prompt may be, on the agent's form and in an imported agent file alike.
+NAME_MAX_CHARS = 40
+NAME_PATTERN = r"^[\w][\w .'-]*$"
+NAME_RULE = "Use letters, digits, spaces, dots, dashes or apostrophes."
+SYSTEM_PROMPT_MAX_CHARS = 20_000
 # How the merges, rewrites and deletes of its refinement sessions apply: at once, or staged as a proposal that an
 # admin approves (webapp.models.proposals). Additions (consolidation, reflection's promotions) always apply at once.
 BACKGROUND_CHANGES = ("automatic", "staged")

@@ -23,7 +23,11 @@ class Chat(db.Model):
     __tablename__ = "chats"
     __table_args__ = (
         sa.Index("ix_chats_account_id_last_message_at", "account_id", "last_message_at"),
-        sa.Index("ix_chats_started_by_id_client_conversation_id", "started_by_id", "client_conversation_id"),
+        # One chat per person, agent and client's conversation id, however many requests race to make it
+        # (webapp.api.conversations.chat_for). NULLs are distinct: chats without an id are not constrained.
+        sa.UniqueConstraint(
+            "started_by_id", "client_agent_id", "client_conversation_id", name="uq_chats_client_conversation"
+        ),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -41,6 +45,8 @@ class Chat(db.Model):
     )
     # The id an API client gave the conversation (X-Cairn-Conversation, metadata.conversation_id or `user`).
     client_conversation_id: Mapped[str | None] = mapped_column(sa.String(200))
+    # The agent that id names a conversation with: a client's id is per person and agent.
+    client_agent_id: Mapped[int | None] = mapped_column(sa.ForeignKey("agents.id"))
     # True for a group chat: agents answer only when asked.
     manual_responses: Mapped[bool] = mapped_column(default=False)
     discarded_at: Mapped[datetime | None]
@@ -113,6 +119,7 @@ class Chat(db.Model):
             started_by_id=person.id,
             source=source,
             client_conversation_id=client_conversation_id,
+            client_agent_id=agents[0].id if client_conversation_id else None,
             manual_responses=len(agents) > 1,
             chat_people=[ChatPerson(user_id=person.id, added_by_id=person.id)],
         )

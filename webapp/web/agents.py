@@ -21,19 +21,26 @@ from wtforms import (
 from wtforms.fields.choices import SelectChoice
 from wtforms.validators import DataRequired, Length, NumberRange, Optional, Regexp, ValidationError
 
-from webapp.agent_files.errors import AgentFileError, NameTaken
+from webapp.agent_files.errors import AgentFileError, NameRefused
 from webapp.agent_files.export import export_agent, record_export
 from webapp.agent_files.restore import import_agent, read
+from webapp.agent_files.schema import UPLOAD_CAPS
 from webapp.extensions import db
 from webapp.models import Agent
-from webapp.models.agents import DEFAULT_CORE_TOKEN_BUDGET, DEFAULT_TOOLS
+from webapp.models.agents import (
+    DEFAULT_CORE_TOKEN_BUDGET,
+    DEFAULT_TOOLS,
+    NAME_MAX_CHARS,
+    NAME_PATTERN,
+    NAME_RULE,
+    SYSTEM_PROMPT_MAX_CHARS,
+)
 from webapp.models.connections import ENVIRONMENT
 from webapp.tools import REPLY_TOOLS
-from webapp.web import model_picker
+from webapp.web import guards, model_picker
 from webapp.web.auth import admin_required, owned_or_404
 
 bp = Blueprint("agents", __name__, url_prefix="/agents")
-MAX_FILE_BYTES = 64 * 1024 * 1024  # an uploaded agent file
 
 # What each tool does, in words for the person setting up an agent (the descriptions are written for the model).
 TOOL_LABELS = {
@@ -48,11 +55,11 @@ class AgentForm(FlaskForm):
         "Name",
         validators=[
             DataRequired(),
-            Length(max=40),
-            Regexp(r"^[\w][\w .'-]*$", message="Use letters, digits, spaces, dots, dashes or apostrophes."),
+            Length(max=NAME_MAX_CHARS),
+            Regexp(NAME_PATTERN, message=NAME_RULE),
         ],
     )
-    system_prompt = TextAreaField("System prompt", validators=[Length(max=20_000)])
+    system_prompt = TextAreaField("System prompt", validators=[Length(max=SYSTEM_PROMPT_MAX_CHARS)])
     model_choice = SelectField("Model", validate_choice=False)
     model_id = StringField("Or type a model id", validators=[Length(max=200)])
     enabled_tools = SelectMultipleField(
@@ -131,7 +138,7 @@ class ImportForm(FlaskForm):
     file = FileField("Agent file (.cairn.json, or a Letta .af)", validators=[FileRequired("Choose a file.")])
     name = StringField(
         "Name here (empty: the file's)",
-        validators=[Optional(), Length(max=40)],
+        validators=[Optional(), Length(max=NAME_MAX_CHARS), Regexp(NAME_PATTERN, message=NAME_RULE)],
         filters=[lambda text: text.strip() if text else text],
     )
 
@@ -151,17 +158,18 @@ def _index_page(form: ImportForm) -> str:
 
 
 @bp.post("/import")
+@guards.accepts_upload("AGENT_FILE_MAX_BYTES")
 @admin_required
 def import_file() -> ResponseReturnValue:
     """Restore an agent from an uploaded file as a new agent of the account, or say why the file is refused."""
     form = ImportForm()
     if form.validate_on_submit():
         try:
-            document = read(_upload(form.file.data))
+            document = read(form.file.data.read(), UPLOAD_CAPS)
             imported = import_agent(
                 document, current_user.account, name=form.name.data or None, by=current_user, via="web"
             )
-        except NameTaken as refusal:
+        except NameRefused as refusal:
             form.name.errors = [*form.name.errors, f"{refusal} Give it another name here."]
         except AgentFileError as refusal:
             form.file.errors = [*form.file.errors, f"{refusal} Nothing was imported."]
@@ -169,15 +177,6 @@ def import_file() -> ResponseReturnValue:
             flash(imported.summary())
             return redirect(url_for("admin.ledger", agent_id=imported.agent.id), code=303)
     return _index_page(form), 422
-
-
-def _upload(file) -> bytes:
-    data = file.read(MAX_FILE_BYTES + 1)
-    if len(data) > MAX_FILE_BYTES:
-        raise AgentFileError(
-            f"The file is larger than {MAX_FILE_BYTES // 2**20} MB: import it with `flask agents import`."
-        )
-    return data
 
 
 @bp.post("/<int:agent_id>/export")

@@ -83,11 +83,12 @@ class NameForm(FlaskForm):
     name = StringField(
         "Your name, as others see it on your messages",
         validators=[Length(max=MAX_NAME_CHARS)],
+        filters=[lambda text: " ".join((text or "").split())],  # absent from the post: empty
         render_kw={"autocomplete": "name"},
     )
 
     def validate_name(self, field: StringField) -> None:
-        name = " ".join((field.data or "").split())
+        name = field.data or ""  # absent from the post (a form that names the field otherwise)
         agent = db.session.scalar(
             sa.select(Agent.name).where(
                 Agent.account_id == current_user.account_id, sa.func.lower(Agent.name) == name.lower()
@@ -172,7 +173,7 @@ def name() -> ResponseReturnValue:
     """Choose the name others see on one's messages (empty: the e-mail's local part)."""
     form = NameForm()
     if form.validate_on_submit():
-        current_user.name = " ".join(form.name.data.split()) or None
+        current_user.name = form.name.data or None
         db.session.commit()
         flash(f"Others now see your messages as {current_user.display_name}'s.")
         return redirect(url_for("auth.account"), code=303)
