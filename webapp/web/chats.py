@@ -97,9 +97,8 @@ class ChatRow:
     chat: Chat
     last: Message | None
     hidden: bool = False  # the person took it out of their own list
-    governed: bool = (
-        False  # the person may restore it (webapp.models.access.may_govern), asked for discarded chats
-    )
+    # The person may restore it (webapp.models.access.may_govern); asked of discarded chats only.
+    governed: bool = False
 
     @property
     def preview(self) -> str:
@@ -110,8 +109,8 @@ class ChatRow:
 
 
 def _chat_rows(discarded: bool = False, limit: int | None = None) -> list[ChatRow]:
-    """The chats the person may read, most recently active first, each with its last finished message (two
-    queries)."""
+    """The chats the person may read, most recently active first (or those discarded or hidden from their list),
+    each with its last finished message: two queries, and a third for which discarded ones they may restore."""
     hidden = sa.exists().where(ChatHidden.chat_id == Chat.id, ChatHidden.user_id == current_user.id)
     query = (
         sa.select(Chat, hidden)
