@@ -63,6 +63,7 @@ def test_an_admin_connects_a_provider_and_an_agent_answers_from_it(
 
     page.goto(f"{live_server}/agents/")
     page.get_by_role("link", name="Edit").first.click()  # (its tap target is issue 32's)
+    page.wait_for_load_state()  # the page's script listens for the picker's change (a loaded machine is slow)
     expect(page.get_by_label("Or type a model id")).to_have_value("ada-model")  # not listed by any connection
     page.get_by_label("Model", exact=True).select_option(label="gpt-4o-mini")
     expect(page.get_by_label("Or type a model id")).to_have_value("")  # no longer looks as if it applied

@@ -5,11 +5,11 @@ import applies the forms' limits and caps, a Letta block with an absurd label is
 import io
 import json
 
-import anyio
 import pytest
 import sqlalchemy as sa
 
 from tests import factories
+from tests.test_mcp import _run
 from webapp.agent_files.errors import AgentFileError
 from webapp.agent_files.restore import read
 from webapp.agent_files.schema import FILE_CAPS, UPLOAD_CAPS
@@ -167,7 +167,9 @@ def _through_gate(app, secret: str | None, chunks: list[bytes], length: int | No
     async def send(message):
         sent.append(message)
 
-    anyio.run(Gate(app, inner), scope, receive, send)
+    # in a thread of its own (test_mcp._run): a browser test earlier in the session leaves Playwright's event loop
+    # running in this one, where anyio.run refuses to start
+    _run(lambda: Gate(app, inner)(scope, receive, send))
     body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
     return sent[0]["status"], json.loads(body), len(read), inner.body
 

@@ -137,7 +137,9 @@ def test_a_forced_tool_call_parses(local_app, monkeypatch):
     # often answer in words instead), so what it checks is that the local server's tool calls parse.
     send = llm._request
     forced = {"type": "function", "function": {"name": "save_memory"}}
-    monkeypatch.setattr(llm, "_request", lambda request: send({**request, "tool_choice": forced}))
+    monkeypatch.setattr(
+        llm, "_request", lambda client, request: send(client, {**request, "tool_choice": forced})
+    )
 
     def attempt():
         result = llm.complete(
