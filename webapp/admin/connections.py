@@ -109,11 +109,22 @@ def add_connection() -> ResponseReturnValue:
     except Refused as refusal:
         _field_error(form, refusal)
         return _page(form, 422)
+    return _added(connection)
+
+
+def _added(connection: Connection) -> ResponseReturnValue:
+    """A new connection committed with the models it lists (kept even when it cannot list them, saying why)."""
     db.session.flush()
     outcome = _refreshed(connection)
     db.session.commit()
-    flash(f"{connection.name} is added. {outcome}")
-    return redirect(url_for("admin.connections", _anchor=f"connection-{connection.id}"), code=303)
+    return _back(f"{connection.name} is added. {outcome}", connection)
+
+
+def _back(said: str, connection: Connection | None = None, anchor: str | None = None) -> ResponseReturnValue:
+    """Say what happened, back on the page at the connection's card (or `anchor`)."""
+    flash(said)
+    anchor = anchor or (f"connection-{connection.id}" if connection else None)
+    return redirect(url_for("admin.connections", _anchor=anchor), code=303)
 
 
 def _refreshed(connection) -> str:
@@ -141,11 +152,7 @@ def add_detected_ollama() -> ResponseReturnValue:
         n += 1
         name = f"Ollama {n}"
     connection = connection_rows.add(current_user.account_id, name=name, kind="ollama", base_url=address)
-    db.session.flush()
-    outcome = _refreshed(connection)
-    db.session.commit()
-    flash(f"{connection.name} is added. {outcome}")
-    return redirect(url_for("admin.connections", _anchor=f"connection-{connection.id}"), code=303)
+    return _added(connection)
 
 
 @bp.post("/connections/<key>/test")
@@ -165,8 +172,7 @@ def refresh_connection(connection_id: int) -> ResponseReturnValue:
     connection = owned_or_404(Connection, connection_id)
     outcome = _refreshed(connection)
     db.session.commit()
-    flash(f"{connection.name}: {outcome}")
-    return redirect(url_for("admin.connections", _anchor=f"connection-{connection.id}"), code=303)
+    return _back(f"{connection.name}: {outcome}", connection)
 
 
 @bp.post("/connections/<int:connection_id>/edit")
@@ -187,11 +193,9 @@ def edit_connection(connection_id: int) -> ResponseReturnValue:
         )
     except Refused as refusal:
         db.session.rollback()
-        flash(f"{connection.name} was not changed: {refusal}")
-        return redirect(url_for("admin.connections", _anchor=f"connection-{connection.id}"), code=303)
+        return _back(f"{connection.name} was not changed: {refusal}", connection)
     db.session.commit()
-    flash(f"{connection.name} is saved.")
-    return redirect(url_for("admin.connections", _anchor=f"connection-{connection.id}"), code=303)
+    return _back(f"{connection.name} is saved.", connection)
 
 
 @bp.post("/connections/<int:connection_id>/models")
@@ -207,17 +211,14 @@ def set_model_settings(connection_id: int) -> ResponseReturnValue:
             "output": _number(request.form.get("output"), float, "The output price", 0, 10_000),
         }
     except Refused as refusal:
-        flash(f"{model} was not changed: {refusal}")
-        return redirect(url_for("admin.connections", _anchor=f"connection-{connection.id}"), code=303)
+        return _back(f"{model} was not changed: {refusal}", connection)
     if not model or len(model) > 200:
-        flash("Name the model.")
-        return redirect(url_for("admin.connections", _anchor=f"connection-{connection.id}"), code=303)
+        return _back("Name the model.", connection)
     settings = dict(connection.model_settings or {})
     settings[model] = {k: v for k, v in values.items() if v is not None}
     connection.model_settings = {k: v for k, v in settings.items() if v}
     db.session.commit()
-    flash(f"{model} at {connection.name} is saved.")
-    return redirect(url_for("admin.connections", _anchor=f"connection-{connection.id}"), code=303)
+    return _back(f"{model} at {connection.name} is saved.", connection)
 
 
 def _number(text: str | None, kind: type, what: str, low: float, high: float):
@@ -240,11 +241,9 @@ def remove_connection(connection_id: int) -> ResponseReturnValue:
     try:
         connection_rows.remove(connection)
     except Refused as refusal:
-        flash(f"{connection.name} is kept: {refusal}")
-        return redirect(url_for("admin.connections", _anchor=f"connection-{connection.id}"), code=303)
+        return _back(f"{connection.name} is kept: {refusal}", connection)
     db.session.commit()
-    flash(f"{connection.name} is removed, with its key.")
-    return redirect(url_for("admin.connections"), code=303)
+    return _back(f"{connection.name} is removed, with its key.")
 
 
 @bp.post("/connections/background")
@@ -256,17 +255,14 @@ def set_background_model() -> ResponseReturnValue:
     if not form.model_choice.data and not (form.model_id.data or "").strip():
         account.background_connection_id, account.background_model_id = None, None
         db.session.commit()
-        flash("Memory jobs use each agent's own model.")
-        return redirect(url_for("admin.connections", _anchor="background"), code=303)
+        return _back("Memory jobs use each agent's own model.", anchor="background")
     try:
         picked = model_picker.pick(account.id, form.model_choice.data, form.model_id.data)
     except model_picker.NotListed as refusal:
-        flash(f"The background model was not changed: {refusal}")
-        return redirect(url_for("admin.connections", _anchor="background"), code=303)
+        return _back(f"The background model was not changed: {refusal}", anchor="background")
     account.background_connection_id, account.background_model_id = picked.connection_id, picked.model
     db.session.commit()
-    flash(f"Memory jobs now use {picked.model} at {picked.connection.name}.")
-    return redirect(url_for("admin.connections", _anchor="background"), code=303)
+    return _back(f"Memory jobs now use {picked.model} at {picked.connection.name}.", anchor="background")
 
 
 def _connection_or_404(key: str):
