@@ -36,7 +36,6 @@ LOCAL_CONCURRENCY = 1
 class ModelTarget:
     """A model at a connection: where a request goes and the window it must fit."""
 
-    connection_key: str  # "environment" or the connection's id
     connection_id: int | None
     connection_name: str
     kind: str  # webapp.models.connections.KINDS
@@ -135,7 +134,6 @@ def target(connection: AnyConnection, model: str) -> ModelTarget:
             context or OLLAMA_DEFAULT_CONTEXT_TOKENS, OLLAMA_DEFAULT_CONTEXT_TOKENS
         )
     return ModelTarget(
-        connection_key=connection.key,
         connection_id=connection.id,
         connection_name=connection.name,
         kind=connection.kind,

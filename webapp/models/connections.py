@@ -42,7 +42,23 @@ class SecretError(ValueError):
     """A stored secret cannot be read with SECRET_KEY or any of SECRET_KEY_FALLBACKS."""
 
 
-class Connection(db.Model):
+class ModelListing:
+    """What a connection says of its models: those the provider listed (`models`) and what an admin set for one
+    (`model_settings`)."""
+
+    @property
+    def model_ids(self) -> list[str]:
+        return [m["id"] for m in self.models or []]
+
+    def listed_context_tokens(self, model: str) -> int | None:
+        """The window the provider gave for this model, if it said."""
+        return next((m.get("context_tokens") for m in self.models or [] if m["id"] == model), None)
+
+    def setting(self, model: str, name: str) -> Any:
+        return (self.model_settings or {}).get(model, {}).get(name)
+
+
+class Connection(db.Model, ModelListing):
     """A model provider an account's admins added."""
 
     __tablename__ = "connections"
@@ -70,8 +86,6 @@ class Connection(db.Model):
     last_error: Mapped[str | None] = mapped_column(sa.Text)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
-
-    from_environment = False
 
     @property
     def key(self) -> str:
@@ -107,20 +121,9 @@ class Connection(db.Model):
             return "none"
         return f"•••• {self.key_hint}" if self.key_hint else "••••"
 
-    @property
-    def model_ids(self) -> list[str]:
-        return [m["id"] for m in self.models or []]
-
-    def listed_context_tokens(self, model: str) -> int | None:
-        """The window the provider gave for this model, if it said."""
-        return next((m.get("context_tokens") for m in self.models or [] if m["id"] == model), None)
-
-    def setting(self, model: str, name: str) -> Any:
-        return (self.model_settings or {}).get(model, {}).get(name)
-
 
 @dataclass
-class EnvironmentConnection:
+class EnvironmentConnection(ModelListing):
     """The provider the environment configures, read from the settings each time: LLM_BASE_URL and LLM_API_KEY,
     or with no LLM_BASE_URL the model Cairn runs itself (SmolLM2-135M, plus any model downloaded with
     `flask models pull`). Read-only in the app."""
@@ -130,30 +133,15 @@ class EnvironmentConnection:
     api_key: str = field(repr=False)
     models: list[dict[str, Any]] = field(default_factory=list)
     headers: dict[str, str] = field(default_factory=dict, repr=False)
-    model_settings: dict[str, dict[str, Any]] = field(default_factory=dict)
+    model_settings: dict[str, dict[str, Any]] = field(default_factory=dict)  # none: read-only in the app
     id: None = None
     key: str = ENVIRONMENT
-    from_environment: bool = True
     checked_at: datetime | None = None
     last_error: str | None = None
 
     @property
     def name(self) -> str:
         return "Runs here (bundled)" if self.kind == "local" else "From the environment"
-
-    @property
-    def masked_key(self) -> str:
-        return "LLM_API_KEY" if self.kind != "local" else "none"
-
-    @property
-    def model_ids(self) -> list[str]:
-        return [m["id"] for m in self.models]
-
-    def listed_context_tokens(self, model: str) -> int | None:
-        return next((m.get("context_tokens") for m in self.models if m["id"] == model), None)
-
-    def setting(self, model: str, name: str) -> Any:
-        return None
 
 
 AnyConnection = Connection | EnvironmentConnection
