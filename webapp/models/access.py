@@ -8,6 +8,13 @@ where everyone present may read that chat. Present in a private chat: its people
 the account, so there only what everyone may read is heard. A person added to a chat hears what it holds, as
 they can read it; a chat made shared makes its memories heard account-wide, and made private again narrows them
 back. Memories with the audience "everyone" (an admin's entries, or widened by one) are heard everywhere.
+
+Nobody reads, through any path, words that came from a chat they may not read. A reply may quote what its prompt
+held from other chats (recalled or borrowed messages, their summaries, memories made from them), all of which
+everyone present could read then. So a chat is never widened (shared, a person added, a removed person
+restored) to anyone who may not read every chat its replies drew on (`sources_closed_to`): what the chat holds,
+and the memories and summaries made from it, which are heard only where the chat may be read, stay with people
+who could read where they came from.
 """
 
 from collections.abc import Sequence
@@ -16,8 +23,8 @@ import sqlalchemy as sa
 
 from webapp.extensions import db
 from webapp.models.accounts import User
-from webapp.models.chats import Chat, ChatPerson
-from webapp.models.memories import AgentMemory
+from webapp.models.chats import Chat, ChatPerson, Message
+from webapp.models.memories import AgentMemory, ReplySources
 
 
 def people_of(chat: Chat) -> list[int]:
@@ -110,3 +117,70 @@ def same_audience(first: AgentMemory, second: AgentMemory) -> bool:
         second.audience,
         second.chat_id if second.audience == "chat" else None,
     )
+
+
+def drawn_on(chat: Chat) -> set[int]:
+    """The ids of the other chats whose words reached this chat's replies: recalled or borrowed from, listed by
+    their summaries, or heard through a memory made from them (two queries)."""
+    chat_ids: set[int] = set()
+    memory_ids: set[int] = set()
+    for recalled, summarized, borrowed, held, recalled_memories in db.session.execute(
+        sa.select(
+            ReplySources.recalled_chat_ids,
+            ReplySources.summary_chat_ids,
+            ReplySources.borrowed_chat_id,
+            ReplySources.memory_ids,
+            ReplySources.recalled_memory_ids,
+        )
+        .join(Message, Message.id == ReplySources.message_id)
+        .where(Message.chat_id == chat.id)
+    ):
+        chat_ids.update(recalled or [], summarized or [], [borrowed] if borrowed else [])
+        memory_ids.update(held or [], recalled_memories or [])
+    if memory_ids:
+        chat_ids.update(
+            db.session.scalars(
+                sa.select(AgentMemory.chat_id).where(
+                    AgentMemory.id.in_(memory_ids), AgentMemory.audience == "chat"
+                )
+            )
+        )
+    chat_ids.discard(chat.id)
+    return chat_ids
+
+
+def sources_closed_to(chat: Chat, people: Sequence[int] | None) -> list[Chat]:
+    """The chats this chat's replies drew on that not all of `people` (None: everyone of the account) may read:
+    while there is one, the chat may not be widened to them."""
+    drawn = drawn_on(chat)
+    if not drawn:
+        return []
+    readable = sa.select(Chat.id).where(chats_read_by(chat.account_id, people))
+    return list(
+        db.session.scalars(
+            sa.select(Chat).where(Chat.id.in_(drawn), Chat.id.not_in(readable)).order_by(Chat.id)
+        )
+    )
+
+
+def named_for(chats: Sequence[Chat], user: User) -> str:
+    """These chats as the person may see them named: the titles of those they may read, and how many others."""
+    if not chats:
+        return ""
+    readable = set(
+        db.session.scalars(sa.select(Chat.id).where(Chat.id.in_([c.id for c in chats]), readable_chats(user)))
+    )
+    titles = [f"“{chat.display_title}”" for chat in chats if chat.id in readable]
+    unseen = len(chats) - len(titles)
+    if unseen:
+        titles.append("a chat you cannot read" if unseen == 1 else f"{unseen} chats you cannot read")
+    return ", ".join(titles[:-1]) + " and " + titles[-1] if len(titles) > 1 else titles[0]
+
+
+def drawn_beyond(user: User) -> list[Chat]:
+    """The chats of this person (back in the account, or about to be) whose replies drew on a chat they may not
+    read, as happens while they were away: they are no longer to be among its people."""
+    theirs = db.session.scalars(
+        sa.select(Chat).join(ChatPerson, ChatPerson.chat_id == Chat.id).where(ChatPerson.user_id == user.id)
+    ).all()
+    return [chat for chat in theirs if sources_closed_to(chat, [*people_of(chat), user.id])]

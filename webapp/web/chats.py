@@ -717,7 +717,8 @@ def _back_to(
 @bp.post("/<int:chat_id>/visibility")
 @login_required
 def visibility(chat_id: int) -> ResponseReturnValue:
-    """Make the chat private (its people only) or shared (everyone of the account): any person of it may."""
+    """Make the chat private (its people only) or shared (everyone of the account): any person of it may, but
+    sharing is refused while its replies drew on a chat not everyone may read (access.sources_closed_to)."""
     chat = readable_chat_or_404(chat_id)
     form = VisibilityForm()
     if not form.validate():
@@ -726,6 +727,11 @@ def visibility(chat_id: int) -> ResponseReturnValue:
     if wanted == chat.visibility:  # the switch's current side: nothing to change
         return redirect(url_for("chats.show", chat_id=chat.id), code=303)
     _governed(chat)
+    if wanted == "shared" and (closed := access.sources_closed_to(chat, None)):
+        db.session.rollback()
+        drew_on = access.named_for(closed, current_user)
+        return _back_to(chat, f"Not shared: its replies drew on {drew_on}, which not everyone of the account "
+                              "may read. Start a new chat to talk with everyone.")  # fmt: skip
     chat.visibility = wanted
     if chat.is_private:
         said = "Private: only this chat's people can read it now."
@@ -739,7 +745,8 @@ def visibility(chat_id: int) -> ResponseReturnValue:
 @bp.post("/<int:chat_id>/people")
 @login_required
 def add_person(chat_id: int) -> ResponseReturnValue:
-    """Add one of the account's people (not a removed one) to the chat: they can read it, even while private."""
+    """Add one of the account's people (not a removed one) to the chat: they can read it, even while private;
+    refused while its replies drew on a chat they may not read (access.sources_closed_to)."""
     chat = readable_chat_or_404(chat_id)
     people = _governed(chat)
     form = PersonForm()
@@ -747,8 +754,13 @@ def add_person(chat_id: int) -> ResponseReturnValue:
     if not form.validate():
         db.session.rollback()
         return _back_to(chat, "That person cannot be added to this chat.")
-    db.session.add(ChatPerson(chat_id=chat.id, user_id=form.user_id.data, added_by_id=current_user.id))
     name = dict(form.user_id.choices)[form.user_id.data]
+    if closed := access.sources_closed_to(chat, [*people, form.user_id.data]):
+        db.session.rollback()
+        drew_on = access.named_for(closed, current_user)
+        return _back_to(chat, f"{name} was not added: this chat's replies drew on {drew_on}, which {name} may "
+                              "not read. Start a new chat with them instead.")  # fmt: skip
+    db.session.add(ChatPerson(chat_id=chat.id, user_id=form.user_id.data, added_by_id=current_user.id))
     notice = f"{current_user.display_name} added {name} to the conversation."
     return _back_to(chat, f"{name} can read this chat now.", notice)
 

@@ -12,8 +12,9 @@ from wtforms.fields.choices import SelectChoice
 from wtforms.validators import DataRequired, EqualTo, InputRequired, Length, Regexp, ValidationError
 
 from webapp.extensions import db, limiter
-from webapp.models import User
+from webapp.models import User, access
 from webapp.models.accounts import INVITE_DAYS, MAX_NAME_CHARS, ROLES, PersonChangeRefused, password_problem
+from webapp.models.chats import ChatPerson
 from webapp.web import guards
 from webapp.web.auth import NameForm, admin_required, owned_or_404
 
@@ -172,12 +173,22 @@ def remove(user_id: int) -> ResponseReturnValue:
 @bp.post("/people/<int:user_id>/restore")
 @admin_required
 def restore(user_id: int) -> ResponseReturnValue:
-    """Take a removed person back into the account."""
+    """Take a removed person back into the account, out of the chats that drew, while they were away, on a chat
+    they may not read (access.drawn_beyond)."""
     person = owned_or_404(User, user_id)
+    closed = access.drawn_beyond(person)
+    db.session.execute(
+        sa.delete(ChatPerson).where(
+            ChatPerson.user_id == person.id, ChatPerson.chat_id.in_([c.id for c in closed])
+        )
+    )
     person.restore()
     db.session.commit()
     how = "with their password" if person.has_password else "once you make them a new sign-in link"
-    flash(f"{person.display_name} is back and can sign in {how}.")
+    left = (
+        f" They left {len(closed)} of their chats, which drew on chats they may not read." if closed else ""
+    )
+    flash(f"{person.display_name} is back and can sign in {how}.{left}")
     return redirect(url_for("people.index"), code=303)
 
 
