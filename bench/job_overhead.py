@@ -12,7 +12,8 @@ counts as the job's own work). Then where that own time goes, step by step, as t
 (bench.timed_worker) saw it, with the SQL statements of the job's thread and the time they took.
 
 By default a message's embedding runs beside its reply in the same worker, as when people write; --alone asks
-each reply once that and the previous reply's background work are done. The host's speed drifts: compare two
+each reply once that and the previous reply's background work are done. The agent is new (no memory, so its
+prompt has nothing to rank and skips the search) unless --memories gives it some. The host's speed drifts: compare two
 commits by running them alternately in one session, never with figures from another day.
 """
 
@@ -33,7 +34,7 @@ from tests.fake_llm import FakeLLM
 from webapp import tokens
 from webapp.extensions import db
 from webapp.jobs.replies import request_replies
-from webapp.models import Chat, JobRun, LlmCall, Message
+from webapp.models import AgentMemory, Chat, JobRun, LlmCall, Message
 from webapp.runtime.processes import redis_server_argv
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -120,6 +121,23 @@ def replies(chat_id: int, count: int, timings: Path, *, alone: bool, statements:
     ):
         _line(label, values)
     _split(runs, timings, statements)
+
+
+TOPICS = ["garden", "piano", "bicycle", "recipe", "holiday", "budget", "allergy", "project", "sister", "dog"]
+
+
+def _remember(chat_id: int, count: int) -> None:
+    """Give the chat's agent `count` core memories, embedded before the first reply is asked (--memories)."""
+    if not count:
+        return
+    agent = db.session.get(Chat, chat_id).agents[0]
+    for n in range(count):
+        topic = TOPICS[n % len(TOPICS)]
+        content = f"Note {n} about the {topic}: the person mentioned their {topic} on day {n % 28 + 1}."
+        db.session.add(AgentMemory(agent_id=agent.id, content=content, memory_type="core"))
+    db.session.commit()
+    _settle()
+    print(f"\nthe agent has {count} core memories, which each prompt ranks")
 
 
 def _model_ms(run_id: int) -> float:
@@ -224,6 +242,13 @@ def main() -> None:
         "included (by default that embedding runs beside the reply, in the same worker, as when people write)",
     )
     parser.add_argument(
+        "--memories",
+        type=int,
+        default=0,
+        help="give the agent this many core memories first, so each prompt ranks them (a new agent has none, "
+        "and its prompt skips the search)",
+    )
+    parser.add_argument(
         "--statements", action="store_true", help="print the SQL statements of the last reply"
     )
     args = parser.parse_args()
@@ -251,6 +276,7 @@ def main() -> None:
                 worker_env = {**env, "BENCH_TIMINGS": str(timings)}
                 processes.append(subprocess.Popen(worker, cwd=ROOT, env=worker_env, stdout=log, stderr=log))
                 [(_, chat_id)] = seed_users(1, "overhead")
+                _remember(chat_id, args.memories)
                 replies(chat_id, args.replies, timings, alone=args.alone, statements=args.statements)
                 db.session.remove()
                 db.engine.dispose()

@@ -3,6 +3,7 @@ own transaction (never on the reply path); `flask memories reindex` rebuilds eve
 says when it finds by words only, and why."""
 
 import json
+import threading
 from datetime import timedelta
 
 import pytest
@@ -15,7 +16,7 @@ from rq_scheduler import Scheduler
 from tests import factories
 from webapp import search
 from webapp.extensions import db
-from webapp.jobs import embeddings, schedule
+from webapp.jobs import embeddings, priority, replies, schedule
 from webapp.jobs.consolidation import consolidate_chat
 from webapp.jobs.embeddings import embed_queued, queue_waiting
 from webapp.jobs.queue import rq_queue
@@ -447,3 +448,59 @@ def test_term_statistics_are_refreshed_hourly_by_a_recorded_job(app, ada, chat):
     else:  # the query planner's statistics: without them SQLite guesses how to read an agent's chats
         analyzed = db.session.scalars(sa.text("SELECT DISTINCT tbl FROM sqlite_stat1"))
         assert {"agent_memories", "chat_agents", "chats", "messages"} <= set(analyzed)
+
+
+# --- replies first ---
+
+
+def test_a_messages_embedding_waits_while_a_reply_of_the_same_worker_builds_its_prompt(
+    app, admin, chat, ada, fake_llm, monkeypatch
+):
+    """The embedding run queued with a message, running beside the reply to it, embeds only once the reply's
+    prompt is built (and never for longer than priority.MAX_WAIT_SECONDS)."""
+    order: list[str] = []
+    prompt_started, run_waiting = threading.Event(), threading.Event()
+    waits = priority.after_replies
+
+    def after_replies(*args, **kwargs):
+        run_waiting.set()
+        waits(*args, **kwargs)
+
+    def embedded(ids, using=None):
+        order.append("message embedded")
+        return len(ids)
+
+    build = replies.build_prompt
+
+    def building(*args, **kwargs):
+        prompt_started.set()
+        assert run_waiting.wait(5)  # the embedding run reached its first batch meanwhile
+        order.append("prompt built")
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(priority, "after_replies", after_replies)
+    monkeypatch.setattr(embeddings.indexing, "index_messages", embedded)
+    monkeypatch.setattr(replies, "build_prompt", building)
+    factories.message(chat, "Where is the shed key?", author=admin)
+    [reply] = request_replies(chat, [ada])
+    db.session.commit()
+    fake_llm.reply("By the shed door.")
+
+    def background() -> None:
+        with app.app_context():
+            assert prompt_started.wait(5)
+            embed_queued()
+
+    thread = threading.Thread(target=background)
+    thread.start()
+    respond([reply.id])
+    thread.join(10)
+
+    assert order == ["prompt built", "message embedded"]
+    assert db.session.get(Message, reply.id).status == "done"
+
+
+def test_background_work_waits_for_replies_at_most_a_while():
+    with priority.reply_building():
+        priority.after_replies(max_wait=0.01)  # returns although the reply is still building
+    priority.after_replies(max_wait=60)  # returns at once: no reply is building

@@ -22,6 +22,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from webapp import search
 from webapp.extensions import db
+from webapp.jobs import priority
 from webapp.jobs.queue import JOB_MARGIN_SECONDS, enqueue, job_target, recorded_job
 from webapp.models import Account, AgentMemory, Message
 from webapp.models.search import EmbeddingQueue
@@ -125,6 +126,7 @@ def embed_queued() -> dict[str, Any]:
         return {"dropped": dropped, "vectors": f"not available ({no_vectors_reason()})"}
     counts = {"memories": 0, "messages": 0, "left_for_later": 0}
     while batch := _next_batch():
+        priority.after_replies()  # a reply building its prompt in this process goes first
         # A commit after each kind: SQLite would keep the cost ledger's own connection out of an open write.
         counts["memories"] += indexing.index_memories([row.row_id for row in batch if row.kind == "memory"])
         db.session.commit()

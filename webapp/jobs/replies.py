@@ -14,6 +14,7 @@ from sqlalchemy.orm import joinedload
 
 from webapp import events, llm
 from webapp.extensions import db
+from webapp.jobs import priority
 from webapp.jobs.followups import after_new_message
 from webapp.jobs.queue import (
     enqueue,
@@ -208,8 +209,9 @@ def generate_reply(message: Message) -> None:
     events.publish(chat_id, "final", message_id)  # its turn: the page shows who is thinking now
     stopped = False
     try:
-        _reread(message_id)  # as the commit left it, with its chat and agent, in one statement
-        prompt = build_prompt(message.chat, message.agent, before_message_id=message_id)
+        with priority.reply_building():
+            _reread(message_id)  # as the commit left it, with its chat and agent, in one statement
+            prompt = build_prompt(message.chat, message.agent, before_message_id=message_id)
         text, prompt_tokens, completion_tokens = _tool_loop(message, prompt)
         _reread(message_id)  # the tool loop commits before each model call
         if not text.strip():

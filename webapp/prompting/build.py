@@ -345,11 +345,11 @@ def _relevant_memories(
     longer the longer its text, and the question is what the reply is about). The search by meaning runs after
     the words, on the prompt's connection: it waits for the query's embedding, which takes longer than the
     words (a thread and a connection of its own added a second session and its round trips; bench.job_overhead)."""
-    if not message:
-        return []
-    vector = search.query_vector(_cut(message, QUERY_EMBEDDED_CHARS), agent_id=agent.id, chat_id=chat.id)
     # (IS NOT TRUE: "= false" would lead SQLite to the constitutional flag's index, over every agent's rows)
     scope = (active_memories(agent.id).whereclause, AgentMemory.constitutional.is_not(True), heard)
+    if not message or not db.session.scalar(sa.select(sa.exists().where(*scope))):
+        return []  # nothing to rank (a new agent): neither the query's embedding nor the search is needed
+    vector = search.query_vector(_cut(message, QUERY_EMBEDDED_CHARS), agent_id=agent.id, chat_id=chat.id)
     words = f"{message}\n{around}"
     return search.memory_ids(agent.id, words, RELEVANT_MEMORIES, *scope, vector=vector, meanwhile=False)
 
