@@ -213,14 +213,15 @@ def test_round_trip_reproduces_every_memory_audit_row_and_setting(runner, ada, s
     ]
     for old, new in zip(
         first["chats"], second["chats"], strict=True
-    ):  # chats only referred to: archived here
+    ):  # chats only referred to: archived here, the importer's alone
         assert (new["ref"], new["title"], new["visibility"], new["included"]) == (
             old["ref"],
             old["title"],
-            old["visibility"],
+            "private",
             False,
         )
         assert new["people"] == [{"name": "eve", "email": "eve@globex.example"}]
+        assert new["started_by"] == {"name": "eve", "email": "eve@globex.example"}
 
 
 def test_imported_memories_keep_their_times_flags_and_audiences_with_derived_values_recomputed(
@@ -266,7 +267,10 @@ def test_imported_memories_keep_their_times_flags_and_audiences_with_derived_val
         )
     )
     assert "Dana grows roses" not in heard and "Milo plans a surprise for Dana" not in heard
-    assert "Basil prefers tulips" in heard  # of a shared chat: heard by the account, as it was
+    # Of a shared chat: the archive chat is the importer's, private until they share it (never heard by more).
+    assert "Basil prefers tulips" not in heard
+    tulips_chat = db.session.get(Chat, copies["Basil prefers tulips"].chat_id)
+    assert tulips_chat.is_private and [p.user_id for p in tulips_chat.chat_people] == [stranger.id]
     assert "Never share one person's secrets with another." in heard
     # Vectors: every memory made is queued for embedding.
     queued = set(db.session.scalars(sa.select(EmbeddingQueue.row_id).where(EmbeddingQueue.kind == "memory")))
@@ -311,7 +315,7 @@ def test_with_chats_round_trip_reproduces_the_chats_messages_and_provenance(runn
 
     assert second["memories"] == first["memories"]
     _same_sessions(first["audit"], second["audit"][:-1])
-    compared = ("ref", "included", "title", "visibility", "source", "group", "created_at", "last_message_at",
+    compared = ("ref", "included", "title", "source", "group", "created_at", "last_message_at",
                 "discarded_at", "other_agents", "joined_at", "summary", "summary_generated_at",
                 "consolidated_through", "last_consolidated_at", "memory_doc", "compacted_through", "messages")  # fmt: skip
     assert [{k: c.get(k) for k in compared} for c in second["chats"]] == [
@@ -347,7 +351,7 @@ def test_the_file_holds_nothing_of_other_agents_other_accounts_or_secrets(runner
     assert "pbkdf2" not in text and "scrypt" not in text and "password" not in text
     assert app.config["SECRET_KEY"] not in text
     assert "globex" not in text.lower()
-    assert document["format"] == "cairn-agent" and document["version"] == 1
+    assert document["format"] == "cairn-agent" and document["version"] == 2
 
 
 @pytest.mark.parametrize(
@@ -355,8 +359,8 @@ def test_the_file_holds_nothing_of_other_agents_other_accounts_or_secrets(runner
     [
         (lambda text: text[: len(text) // 2], "not complete JSON"),
         (
-            lambda text: text.replace('"version": 1', '"version": 2', 1),
-            "version 2, newer than this Cairn reads",
+            lambda text: text.replace('"version": 2', '"version": 3', 1),
+            "version 3, newer than this Cairn reads",
         ),
         (lambda text: text.replace('"chat_id": "c1"', '"chat_id": 1', 1), "names a database id"),
         (

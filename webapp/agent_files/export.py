@@ -24,6 +24,7 @@ from webapp.models import (
 )
 from webapp.models.access import readable_chats
 from webapp.timeutil import utcnow
+from webapp.tools.steps import may_name_a_chat, unnamed
 
 AUDITED = ("AgentMemory", "Agent")  # the rows of an agent's audit trail: its memories' and its sessions'
 SESSION_START = "memory_refinement_start"
@@ -80,7 +81,7 @@ def export_agent(agent: Agent, *, with_chats: bool = False, reader: User | None 
     included = _included_chats(agent, reader) if with_chats else []
     messages = _messages([chat.id for chat in included])
     sources = _sources(agent, messages)
-    chats = _referenced_chats(agent, memories, rows, included, sources)
+    chats = _referenced_chats(agent, memories, rows, included, sources, messages)
     for chat in chats:
         refs.add("chat", chat.id)
     for message in messages:
@@ -106,10 +107,10 @@ def export_agent(agent: Agent, *, with_chats: bool = False, reader: User | None 
                 chat,
                 agent,
                 refs,
-                readable=chat.id in readable,
                 people=people[chat.id],
                 messages=by_chat[chat.id] if chat.id in included_ids else None,
                 sources=sources,
+                readable=readable,
             )
             for chat in chats
         ],
@@ -269,14 +270,17 @@ def _referenced_chats(
     rows: list[tuple[AuditLog, User | None]],
     included: list[Chat],
     sources: dict[int, ReplySources],
+    messages: list[Message],
 ) -> list[Chat]:
-    """The included chats and every chat of the account a memory, an audit row or a reply's sources names."""
+    """The included chats and every chat of the account a memory, an audit row, a reply's sources or a tool
+    step names."""
     wanted = {m.chat_id for m in memories} | {chat.id for chat in included}
     wanted |= {
         row.data.get("chat_id") for row, _user in rows if isinstance((row.data or {}).get("chat_id"), int)
     }
     for found in sources.values():
         wanted |= {*found.recalled_chat_ids, *found.summary_chat_ids, found.borrowed_chat_id}
+    wanted |= {step.get("chat_id") for m in messages for step in m.tools_used or () if isinstance(step, dict)}
     wanted = {chat_id for chat_id in wanted if isinstance(chat_id, int)}
     if not wanted:
         return []
@@ -287,10 +291,13 @@ def _referenced_chats(
     )
 
 
-def _readable_ids(chats: list[Chat], reader: User | None) -> set[int]:
+def _readable_ids(chats: list[Chat], reader: User | None) -> set[int] | None:
+    """The ids of those chats the reader may read; None (every one) for the command line."""
     ids = [chat.id for chat in chats]
-    if reader is None or not ids:
-        return set(ids)
+    if reader is None:
+        return None
+    if not ids:
+        return set()
     return set(db.session.scalars(sa.select(Chat.id).where(Chat.id.in_(ids), readable_chats(reader))))
 
 
@@ -314,16 +321,17 @@ def _chat(
     agent: Agent,
     refs: _Refs,
     *,
-    readable: bool,
     people: list[User],
     messages: list[Message] | None,
     sources: dict[int, ReplySources],
+    readable: set[int] | None,
 ) -> dict[str, Any]:
-    """A chat: a reference (title withheld when the reader may not read it), or with its messages."""
+    """A chat: a reference (title withheld when the reader may not read it), or with its messages. `readable`:
+    the ids of the chats the reader may read (None: every one)."""
     entry = {
         "ref": refs.get("chat", chat.id),
         "included": messages is not None,
-        "title": chat.title if readable else None,
+        "title": chat.title if readable is None or chat.id in readable else None,
         "visibility": chat.visibility,
         "source": chat.source,
         "group": chat.manual_responses,
@@ -349,7 +357,7 @@ def _chat(
         "last_consolidated_at": iso(chat.last_consolidated_at),
         "memory_doc": chat.memory_doc,
         "compacted_through": _at_or_before(messages, chat.compacted_through_message_id, refs),
-        "messages": [_message(m, agent, refs, sources.get(m.id), authors) for m in messages],
+        "messages": [_message(m, agent, refs, sources.get(m.id), authors, readable) for m in messages],
     }
 
 
@@ -385,6 +393,7 @@ def _message(
     refs: _Refs,
     sources: ReplySources | None,
     authors: dict[str, dict[str, Any]],
+    readable: set[int] | None,
 ) -> dict[str, Any]:
     finished = message.status in ("done", "failed")
     return {
@@ -394,10 +403,27 @@ def _message(
         "content": message.content,
         "status": message.status if finished else "failed",
         "error": message.error if finished else UNFINISHED,
-        "tools_used": message.tools_used,
+        "tools_used": [_step(step, refs, readable) for step in message.tools_used]
+        if message.tools_used is not None
+        else None,
         "created_at": iso(message.created_at),
         "sources": _provenance(sources, refs) if sources else None,
     }
+
+
+def _step(step: Any, refs: _Refs, readable: set[int] | None) -> Any:
+    """A tool step as stored, naming another chat only when the reader may read it (as the chat page does),
+    with the memory saved and the chat borrowed from as the file's references instead of ids."""
+    if not isinstance(step, dict):
+        return step  # an older reply's step: the tool's name
+    if may_name_a_chat(step) and readable is not None and step.get("chat_id") not in readable:
+        step = unnamed(step)
+    entry = {key: value for key, value in step.items() if not names_an_id(key)}
+    if "memory_id" in step:
+        entry["memory"] = refs.get("memory", step["memory_id"])
+    if "chat_id" in step:
+        entry["chat"] = refs.get("chat", step["chat_id"])
+    return entry
 
 
 def _author(message: Message, agent: Agent, authors: dict[str, dict[str, Any]]) -> dict[str, Any]:

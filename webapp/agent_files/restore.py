@@ -7,10 +7,11 @@ its validator, full-text indexes by the database's triggers, vectors by the embe
 finished message added through the session is queued by webapp.jobs.embeddings' after_flush hook).
 
 Chats (docs/agent-file.md): a chat the file carries is restored with its messages; a chat it only refers to
-(a memory's, an audit row's or a reply's) becomes an empty, discarded "archive" chat with the same title and
-visibility, so a memory of a private chat stays private (heard where that archive chat may be read) instead of
-becoming heard by everyone. A chat's people are those of the account with the e-mails the file gives; when none
-of them is in the account, the importing admin, so a private chat is never left to no one.
+(a memory's, an audit row's, a reply's or a tool step's) becomes an empty, discarded "archive" chat with the same
+title. Every chat an import makes is the importer's: started by them, private to them, in no one else's list,
+so a memory of a chat is never heard by more people than before. A message is never put in the mouth of
+someone of the account: the file's people (and other agents) who wrote messages are kept as text, with the names
+the file gives them.
 """
 
 import json
@@ -55,12 +56,14 @@ from webapp.models.agents import NAME_MAX_CHARS, NAME_PATTERN, NAME_RULE
 from webapp.models.memories import ConstitutionalMemoryError
 from webapp.timeutil import utcnow
 from webapp.tools import REPLY_TOOLS
+from webapp.tools.steps import may_name_a_chat, unnamed
 
 AGENT_IMPORT = "agent_import"
 # Where a file names another row: these keys hold references (or lists of them), never database ids.
 REF_KEYS = {
     "ref",
     "chat",
+    "memory",
     "target",
     "borrowed_chat",
     "consolidated_through",
@@ -169,6 +172,8 @@ def check(document: dict[str, Any], caps: dict[str, int] = FILE_CAPS) -> dict[st
             f"{VERSION}): upgrade Cairn to import it."
         )
     _check_counts(document, caps)
+    if version == 1:
+        _steps_without_ids(document)
     _no_database_ids(document, "file")
     error = best_match(_VALIDATOR.iter_errors(document))
     if error is not None:
@@ -176,6 +181,27 @@ def check(document: dict[str, Any], caps: dict[str, int] = FILE_CAPS) -> dict[st
         raise AgentFileError(f"The file does not follow the cairn-agent format at {where}: {_problem(error)}")
     _check_references(document)
     return document
+
+
+def _steps_without_ids(document: dict[str, Any]) -> None:
+    """Read a version-1 file's tool steps as version 2 has them: version 1 wrote the ids of the memory a step
+    saved and the chat it borrowed from, which mean nothing here, and named that chat as its exporter's database
+    allowed. The step keeps its words without the link, and without the chat's title."""
+    for chat in document.get("chats") or []:
+        for message in chat.get("messages") or [] if isinstance(chat, dict) else []:
+            steps = message.get("tools_used") if isinstance(message, dict) else None
+            if isinstance(steps, list):
+                message["tools_used"] = [_step_without_ids(step) for step in steps]
+
+
+def _step_without_ids(step: Any) -> Any:
+    if not isinstance(step, dict):
+        return step
+    if may_name_a_chat(step):
+        step = unnamed(step)
+    entry = {key: value for key, value in step.items() if key not in ("memory_id", "chat_id")}
+    entry.update({key.removesuffix("_id"): None for key in ("memory_id", "chat_id") if key in step})
+    return entry
 
 
 def _problem(error) -> str:
@@ -267,6 +293,10 @@ def _check_chat(ref: str, chat: dict[str, Any], pools: dict[str, dict[str, Any]]
         chats = [*sources.get("recalled_chats", []), *sources.get("summary_chats", [])]
         for chat_ref in [*chats, sources.get("borrowed_chat")]:
             _known(chat_ref, pools["chat"], where, "chat")
+        for step in message["tools_used"] or []:
+            if isinstance(step, dict):
+                _known(step.get("memory"), pools["memory"], f"{where}'s tool step", "memory")
+                _known(step.get("chat"), pools["chat"], f"{where}'s tool step", "chat")
 
 
 def _unique(rows: list[dict[str, Any]], what: str) -> dict[str, dict[str, Any]]:
@@ -342,6 +372,7 @@ class _Restore:
             self._memory(entry)
         db.session.flush()
         self._sources()
+        self._steps()
         for entry in self.document["audit"]:
             self._audit_row(entry)
         db.session.flush()
@@ -373,13 +404,8 @@ class _Restore:
         db.session.flush()
 
     def _people_of_account(self) -> dict[str, User]:
-        """The account's people, by e-mail, whom the file names."""
-        emails = set()
-        for row in self.document["audit"]:
-            emails.add((row["who"] or {}).get("email"))
-        for chat in self.document["chats"]:
-            emails |= {p["email"] for p in [*chat["people"], chat["started_by"] or {}] if p}
-            emails |= {m["author"]["email"] for m in chat.get("messages", [])}
+        """The account's people, by e-mail, whom the file's audit rows name."""
+        emails = {(row["who"] or {}).get("email") for row in self.document["audit"]}
         emails = {email.strip().lower() for email in emails if email}
         if not emails:
             return {}
@@ -438,28 +464,22 @@ class _Restore:
         return None if taken else slug
 
     def _chat(self, entry: dict[str, Any]) -> None:
-        """A chat of the file: with its messages, or an empty discarded archive chat standing for it."""
-        people = [user for p in entry["people"] if (user := self._person(p))]
-        if not people and self.by is not None:
-            people = [self.by]  # no one of the chat is in this account: it becomes the importing admin's
-        people = list(dict.fromkeys(people))
-        started_by = self._person(entry["started_by"]) or (people[0] if people else None)
+        """A chat of the file, the importer's alone: with its messages, or an empty discarded archive chat
+        standing for it. The file's people and visibility are not taken: the importer shares it if they will."""
         included = entry["included"]
         chat = Chat(
             account_id=self.account.id,
             title=entry["title"] or "",
-            visibility=entry["visibility"],
+            visibility="private",
             source=entry["source"],
             manual_responses=entry["group"],
-            started_by_id=started_by.id if started_by else None,
+            started_by_id=self.by.id if self.by else None,
             created_at=time(entry["created_at"]),
             last_message_at=time(entry["last_message_at"]),
             discarded_at=time(entry["discarded_at"]) if included else utcnow(),
             memory_doc=entry.get("memory_doc", ""),
             last_consolidated_at=time(entry.get("last_consolidated_at")),
-            chat_people=[
-                ChatPerson(user_id=user.id, added_by_id=self.by.id if self.by else None) for user in people
-            ],
+            chat_people=[ChatPerson(user_id=self.by.id, added_by_id=self.by.id)] if self.by else [],
         )
         db.session.add(chat)
         self.chats[entry["ref"]] = chat
@@ -494,23 +514,22 @@ class _Restore:
         return self.messages[ref].id if ref is not None else None
 
     def _message(self, chat: Chat, chat_ref: str, entry: dict[str, Any]) -> None:
+        """A message of the file: the agent's own, or by someone kept as text (never a person of the account,
+        whatever e-mail the file gives: an import does not speak for anyone)."""
         author = entry["author"]
-        user = self._person(author) if author["kind"] == "person" else None
         message = Message(
             chat=chat,
             role=entry["role"],
             content=entry["content"],
-            user_id=user.id if user else None,
             agent_id=self.agent.id if author["kind"] == "self" else None,
             status=entry["status"],
             error=entry["error"],
-            tools_used=entry["tools_used"],
             created_at=time(entry["created_at"]),
             updated_at=time(entry["created_at"]),
         )
         db.session.add(message)
         self.messages[entry["ref"]] = message
-        if author["kind"] in ("person", "agent") and user is None:
+        if author["kind"] in ("person", "agent"):
             self.authors[chat_ref][entry["ref"]] = author  # kept as text: no one of this account wrote it
 
     def _memory(self, entry: dict[str, Any]) -> None:
@@ -559,6 +578,24 @@ class _Restore:
                         created_at=time(sources["created_at"]),
                     )
                 )
+
+    def _steps(self) -> None:
+        """Each reply's tool steps, linked to the new memory or chat they name."""
+        for chat in self.document["chats"]:
+            for entry in chat.get("messages", []):
+                if entry["tools_used"] is not None:
+                    steps = [self._step(step) for step in entry["tools_used"]]
+                    self.messages[entry["ref"]].tools_used = steps
+
+    def _step(self, step: Any) -> Any:
+        if not isinstance(step, dict):
+            return step
+        stored = {key: value for key, value in step.items() if key not in ("memory", "chat")}
+        if "memory" in step:
+            stored["memory_id"] = self.memories[step["memory"]].id if step["memory"] else None
+        if "chat" in step:
+            stored["chat_id"] = self.chats[step["chat"]].id if step["chat"] else None
+        return stored
 
     def _audit_row(self, entry: dict[str, Any]) -> None:
         user = self._person(entry["who"])

@@ -1,4 +1,4 @@
-"""The cairn-agent file format, version 1, as a JSON Schema (docs/cairn-agent.schema.json is this, printed by
+"""The cairn-agent file format, version 2, as a JSON Schema (docs/cairn-agent.schema.json is this, printed by
 `flask agents schema`), and the references a file uses instead of database ids."""
 
 import re
@@ -9,8 +9,9 @@ from webapp.models.chats import CHAT_SOURCES, CHAT_VISIBILITIES, MESSAGE_ROLES
 from webapp.models.memories import AUDIENCES, MAX_CONTENT_CHARS, MEMORY_TYPES
 
 FORMAT = "cairn-agent"
-VERSION = 1
-SCHEMA_ID = "https://cairn.local/schemas/cairn-agent-1.schema.json"
+VERSION = 2  # 2: a reply's tool steps are objects, naming the memory or chat they link to by reference
+READ_VERSIONS = (1, 2)  # a version-1 file is upgraded as it is read (webapp.agent_files.restore)
+SCHEMA_ID = "https://cairn.local/schemas/cairn-agent-2.schema.json"
 
 # A file names its rows by references that mean something only inside it ("m3": its third memory), never by a
 # database id: an import gives every row a new id and maps these to them.
@@ -25,7 +26,8 @@ DATA_REFS = {
     "first_message_id": "message",
     "last_message_id": "message",
 }
-EXPORTED_STATUSES = ("done", "failed")
+EXPORTED_STATUSES = ("done", "failed")  # an unfinished reply is exported as failed: nothing resumes it
+STEP_STATES = ("running", "done", "failed")
 
 # What one file may hold (docs/agent-file.md): the forms' limits on its fields, and caps on its rows. An import
 # is one transaction (all of it or nothing), which holds the database's write lock on SQLite until it commits: the
@@ -39,7 +41,7 @@ FILE_CAPS = {"memories": MAX_MEMORIES, "audit": MAX_AUDIT_ROWS, "chats": MAX_CHA
 UPLOAD_CAPS = {"memories": 2_000, "audit": 6_000, "chats": 200, "messages": 4_000}
 MAX_TEXT_CHARS = 100_000  # a message, a summary, any other text without a limit of its own
 MAX_MEMORY_DOC_CHARS = 1_000_000
-MAX_DEPTH = 32  # levels of nested objects and lists; a cairn-agent file has 8 at most  # an unfinished reply is exported as failed: nothing resumes it
+MAX_DEPTH = 32  # levels of nested objects and lists; a cairn-agent file has 8 at most
 
 
 def ref(kind: str, number: int) -> str:
@@ -223,6 +225,30 @@ _SOURCES = {
     },
 }
 
+_STEP = {
+    "anyOf": [
+        {**_TEXT, "description": "A step as replies of older Cairns stored it: the tool's name."},
+        {
+            "type": "object",
+            "description": "A tool call of the reply as the chat shows it (webapp.tools.steps): a step while it "
+            "ran (label), then a chip saying what it did. It names another conversation only as the exporter "
+            "may read it; the memory saved and the chat borrowed from are references of this file (null when "
+            "the file does not hold them).",
+            "required": ["tool", "state"],
+            "additionalProperties": False,
+            "properties": {
+                "tool": {"type": "string", "minLength": 1, "maxLength": 80},
+                "state": {"enum": list(STEP_STATES)},
+                "label": _TEXT,
+                "chip": _TEXT,
+                "memory_type": {"enum": list(MEMORY_TYPES)},
+                "memory": _nullable({"$ref": "#/$defs/memory_ref"}),
+                "chat": _nullable({"$ref": "#/$defs/chat_ref"}),
+            },
+        },
+    ]
+}
+
 _MESSAGE = {
     "type": "object",
     "required": [
@@ -254,7 +280,7 @@ _MESSAGE = {
         "content": _TEXT,
         "status": {"enum": list(EXPORTED_STATUSES)},
         "error": _nullable(_TEXT),
-        "tools_used": _nullable({"type": "array", "items": _TEXT}),
+        "tools_used": _nullable({"type": "array", "items": _STEP}),
         "created_at": _DATETIME,
         "sources": _nullable(_SOURCES),
     },
@@ -336,7 +362,7 @@ SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
     "properties": {
         "format": {"const": FORMAT},
-        "version": {"const": VERSION},
+        "version": {"enum": list(READ_VERSIONS)},
         "exported_at": _DATETIME,
         "exported_by": _nullable(_PERSON),
         "with_chats": {"type": "boolean"},

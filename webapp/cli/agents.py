@@ -59,7 +59,7 @@ def agents_export(agent: str, account: str | None, with_chats: bool, output) -> 
     "by_email",
     default=None,
     metavar="EMAIL",
-    help="The admin the import acts as, to whom chats none of whose people are here go (default: the "
+    help="The admin the import acts as, whose (private) chats the imported chats become (default: the "
     "account's first admin).",
 )
 def agents_import(file, account: str | None, name: str | None, by_email: str | None) -> None:

@@ -13,6 +13,8 @@ from webapp.models import Chat, public_ids
 from webapp.models.access import chats_heard_in
 
 CHIP_CHARS = 80
+UNNAMED_LABEL = "Reading another conversation…"
+UNNAMED_CHIP = "Borrowed messages from another conversation"
 
 
 def running(name: str, arguments: dict[str, Any], chat: Chat) -> dict[str, Any]:
@@ -21,7 +23,7 @@ def running(name: str, arguments: dict[str, Any], chat: Chat) -> dict[str, Any]:
         label = "Saving a memory…"
     elif name == "borrow_context":
         source = _chat_named(arguments.get("conversation_id"), chat)
-        label = f"Reading “{source.display_title}”…" if source else "Reading another conversation…"
+        label = f"Reading “{source.display_title}”…" if source else UNNAMED_LABEL
     elif name == "recall":
         label = f"Searching its memory for “{_cut(str(arguments.get('query', '')))}”…"
     else:
@@ -60,6 +62,19 @@ def finished(name: str, arguments: dict[str, Any], result: dict[str, Any], chat:
         )
         return {"tool": name, "state": "done", "chip": chip}
     return {"tool": name, "state": "done", "chip": f"Used {name.replace('_', ' ')}"}
+
+
+def may_name_a_chat(step: dict[str, Any]) -> bool:
+    """Whether the step's text may hold another conversation's title: a borrow_context step that did not fail."""
+    return step.get("tool") == "borrow_context" and step.get("state") != "failed"
+
+
+def unnamed(step: dict[str, Any]) -> dict[str, Any]:
+    """The step as someone who may not read the conversation it names sees it: without that conversation's
+    title (a running step has no chat_id to ask about, so it is said this way to whoever may not ask)."""
+    if step.get("state") == "running":
+        return {**step, "label": UNNAMED_LABEL}
+    return {**step, "chip": UNNAMED_CHIP}
 
 
 def _chat_named(conversation_id: Any, shown_in: Chat) -> Chat | None:

@@ -41,6 +41,7 @@ from webapp.models import Agent, AuditLog, Chat, ChatAgent, ChatHidden, ChatPers
 from webapp.models.chats import CHAT_VISIBILITIES, other_conversations
 from webapp.prompting.build import prompt_memory
 from webapp.timeutil import utcnow
+from webapp.tools.steps import UNNAMED_CHIP
 from webapp.web import model_picker
 from webapp.web.auth import owned_or_404, readable_chat_ids, readable_chat_or_404
 from webapp.web.fragments import fragment_requested, page_or_fragment
@@ -243,6 +244,9 @@ def _learn_which_chats_readable(messages: Iterable[Message]) -> None:
     unknown = set().union(*(_chats_mentioned(m) for m in messages)) - known.keys()
     readable = readable_chat_ids(unknown)
     known.update({chat_id: chat_id in readable for chat_id in unknown})
+
+
+bp.add_app_template_global(UNNAMED_CHIP, "unnamed_chip")  # a chip's words for a chat the viewer may not read
 
 
 @bp.app_template_global()
