@@ -11,8 +11,10 @@
     fake_llm.models = [{"id": "m", "context_length": 32000}]  # what GET /models lists
     fake_llm.ollama_models = {"llama3.2:3b": 131072}      # answer as an Ollama: /api/tags, /api/show
     fake_llm.fail(500, model="fake-embedder")             # next /v1/embeddings answer for that model
+    fake_llm.responder = lambda body: Scripted(...)       # when nothing is scripted: an answer to the request
 
-Answers are consumed in order; when none is scripted, the server answers `default_text`.
+Answers are consumed in order; when none is scripted, the server answers with `responder(request body)` if
+set (a model that answers what it reads), else `default_text`.
 Streaming requests get the same answers as server-sent chunks.
 /v1/embeddings answers a vector per text (EMBEDDING_DIMENSIONS, from the text's hash, the same for the same
 text) unless a failure is scripted for its model (`fail(..., model=...)`; `reply(model=...)` scripts vectors);
@@ -24,6 +26,7 @@ import json
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -51,6 +54,7 @@ class FakeLLM:
         self.ollama_models: dict[str, int] | None = None  # name -> context length; None: not an Ollama
         self.embedding_requests: list[dict[str, Any]] = []
         self.default_text = "ok"
+        self.responder: Callable[[dict[str, Any]], Scripted] | None = None
         self.delay = 0.0  # seconds added to every answer
         self.chunk_delay = 0.0  # seconds between streamed chunks, to watch a reply arrive
         self.embedding_delay = 0.0  # seconds added to every /v1/embeddings answer
@@ -107,6 +111,7 @@ class FakeLLM:
         self.ollama_models = None
         self.embedding_requests.clear()
         self.default_text = "ok"
+        self.responder = None
         self.delay = 0.0
         self.chunk_delay = 0.0
         self.embedding_delay = 0.0
@@ -118,12 +123,12 @@ class FakeLLM:
         self._server.shutdown()
         self._server.server_close()
 
-    def _next(self, model: str) -> Scripted:
+    def _next(self, body: dict[str, Any]) -> Scripted:
         with self._lock:
-            for queue in (self._by_model.get(model), self._script):
+            for queue in (self._by_model.get(body.get("model", "")), self._script):
                 if queue:
                     return queue.popleft()
-            return Scripted(text=self.default_text)
+        return self.responder(body) if self.responder else Scripted(text=self.default_text)
 
     def _next_embedding(self, model: str) -> Scripted | None:
         with self._lock:
@@ -191,7 +196,7 @@ def _handler_for(fake: FakeLLM) -> type[BaseHTTPRequestHandler]:
                 )
                 return
             fake._record(body, {k.lower(): v for k, v in self.headers.items()})
-            answer = fake._next(body.get("model", ""))
+            answer = fake._next(body)
             generation = fake._started()
             try:
                 time.sleep(fake.delay + answer.delay)

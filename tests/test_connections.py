@@ -164,7 +164,8 @@ def test_memory_jobs_use_the_accounts_background_model_when_set(admin, router, o
     chat = factories.chat(admin.account, [ada, basil], "Garden club")
     with time_machine.travel(utcnow() - timedelta(hours=7), tick=False):
         factories.message(chat, "Hello agents!", author=admin)
-    factories.memory(ada, "The user grows tomatoes", "journal")
+    # Of the chat, as what consolidation writes: reflection then asks about one audience, in one request.
+    factories.memory(ada, "The user grows tomatoes", "journal", chat_id=chat.id)
     extraction = json.dumps({"journal": ["Likes gardens"], "core": []})
 
     providers["router"].reply(extraction)

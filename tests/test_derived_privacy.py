@@ -122,7 +122,10 @@ def test_adding_someone_who_may_not_read_what_the_chat_drew_on_is_refused(app, q
 
     refused = anas.post(f"/chats/{q.id}/people", data={"user_id": cleo.id}, follow_redirects=True)
 
-    assert f"Cleo was not added: this chat's replies drew on “{P_TITLE}”, which Cleo may not read" in html.unescape(refused.text)
+    assert (
+        f"Cleo was not added: this chat's replies drew on “{P_TITLE}”, which Cleo may not read"
+        in html.unescape(refused.text)
+    )
     assert {row.user_id for row in db.session.get(Chat, q.id).chat_people} == {ana.id}
     assert _client(app, cleo).get(f"/chats/{q.id}").status_code == 404
     # Ben may read P: he may be added, and reads Q.
@@ -132,7 +135,9 @@ def test_adding_someone_who_may_not_read_what_the_chat_drew_on_is_refused(app, q
 
 def test_a_chat_whose_reply_recalled_a_private_chat_is_not_shared_either(app, acme, ana, ada, p, fake_llm):
     chat = factories.chat(acme, [ada], "Ana recalls", people=[ana])
-    sources = _ask(fake_llm, chat, ana, ada, "KUMQUAT-42?", ("recall", {"query": "KUMQUAT-42 divorce hearing"}))
+    sources = _ask(
+        fake_llm, chat, ana, ada, "KUMQUAT-42?", ("recall", {"query": "KUMQUAT-42 divorce hearing"})
+    )
     assert p.id in sources.recalled_chat_ids
 
     refused = _client(app, ana).post(f"/chats/{chat.id}/visibility", data={"visibility": "shared"})

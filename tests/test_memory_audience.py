@@ -14,7 +14,7 @@ from webapp.jobs.reflection import reflect_agent
 from webapp.jobs.replies import request_replies, respond
 from webapp.llm.targets import for_agent
 from webapp.models import AgentMemory, AuditLog, ChatAgent
-from webapp.models.access import memories_heard_in
+from webapp.models.access import EVERYONE, Audience, memories_heard_in
 from webapp.models.agents import DEFAULT_TOOLS
 from webapp.models.audit import dedup_for_agent
 from webapp.prompting.build import build_prompt, prompt_memory
@@ -261,32 +261,45 @@ def test_reflection_keeps_a_promoted_entrys_audience(acme, anas_chat, ada, fake_
     assert (entry.memory_type, entry.chat_id, entry.audience) == ("core", anas_chat.id, "chat")
 
 
-def _session(agent) -> RefinementSession:
+def _session(agent, audience: Audience = EVERYONE) -> RefinementSession:
     return RefinementSession(
-        agent=agent, session_id="s-1", start_tokens=1000, max_mutations=10, floor=0.0, page_tokens=4000
+        agent=agent,
+        session_id="s-1",
+        start_tokens=1000,
+        max_mutations=10,
+        floor=0.0,
+        page_tokens=4000,
+        audience=audience,
     )
 
 
-def test_refinement_refuses_to_merge_memories_of_different_audiences(acme, anas_chat, ben, ada):
+def test_a_refinement_pass_finds_no_memory_of_another_audience(acme, anas_chat, ben, ada):
     bens_chat = factories.chat(acme, [ada], "Ben's", people=[ben])
     anas = factories.memory(ada, "Ana likes tea.", chat_id=anas_chat.id)
     bens = factories.memory(ada, "Ben likes tea.", chat_id=bens_chat.id)
     everyones = factories.memory(ada, "Tea is served at four.")
-    session = _session(ada)
+    session = _session(ada, Audience(anas_chat.id))
 
-    for pair in [(anas, bens), (anas, everyones)]:
-        result = session.run(
-            {"action": "consolidate", "ids": f"{pair[0].id},{pair[1].id}", "content": "Tea."}
-        )
-        assert result["type"] == "error" and "heard by different people" in result["error"]
+    for other in (bens, everyones):
+        merged = session.run({"action": "consolidate", "ids": f"{anas.id},{other.id}", "content": "Tea."})
+        rewritten = session.run({"action": "update", "id": str(other.id), "content": "Tea."})
+        assert merged["type"] == "error" and "not among the memories listed" in merged["error"]
+        assert (rewritten["type"], rewritten["error"]) == ("error", f"Memory #{other.id} not found")
+    assert [r["id"] for r in session.run({"action": "search", "query": "tea"})["results"]] == [anas.id]
     assert session.mutations == 0
     assert db.session.scalar(sa.select(sa.func.count()).where(AgentMemory.deleted_at.is_not(None))) == 0
+    db.session.expire_all()
+    assert {m.content for m in (anas, bens, everyones)} == {
+        "Ana likes tea.",
+        "Ben likes tea.",
+        "Tea is served at four.",
+    }
 
 
 def test_a_refinement_merge_within_one_audience_keeps_it_and_so_does_its_note(acme, anas_chat, ada):
     first = factories.memory(ada, "Ana likes tea.", chat_id=anas_chat.id)
     second = factories.memory(ada, "Ana likes green tea best.", chat_id=anas_chat.id)
-    session = _session(ada)
+    session = _session(ada, Audience(anas_chat.id))
 
     page = session.run({"action": "page", "page": "1"})
     merged = session.run(

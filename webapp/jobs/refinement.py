@@ -5,6 +5,12 @@ goes over budget (at most once a day per agent). Issue 23: when the agent's back
 setting, or the drift alarm), the session's merges, rewrites and deletes, and dedup's removals, end as a
 proposal for an admin; no session starts while one of the agent's proposals waits, and the prompt lists the
 changes refused before.
+
+Issue 31: a session works within one audience at a time, so nothing read in a private chat's memories is
+written where others hear it. It runs one pass of the tool loop per audience of the agent's core memories (the
+largest first), each pass's prompt listing only that audience's memories; the token budget is split between
+them in proportion to their tokens, so every audience compressed to its share keeps the whole within budget.
+The passes share the session's turns, cap and floor, its audit rows and its one proposal.
 """
 
 import uuid
@@ -18,7 +24,8 @@ from webapp.extensions import db
 from webapp.jobs.queue import enqueue, job_target, model_time, recorded_job, target_ids
 from webapp.llm import LLMError, targets
 from webapp.llm.tool_loop import run_tool_loop
-from webapp.models import Agent, AuditLog, JobRun
+from webapp.models import Agent, AgentMemory, AuditLog, JobRun
+from webapp.models.access import Audience, audiences_of
 from webapp.models.audit import ROLLED_BACK, dedup_for_agent, duplicates, session_rows
 from webapp.models.drift import drift_of
 from webapp.models.memories import core_memories, core_token_usage, core_tokens, needs_refinement
@@ -160,20 +167,7 @@ def _refine(agent: Agent, force: bool) -> dict[str, Any]:
         return {"skipped": "within budget and refined this week", "deduplicated": deduplicated}
     session = _start(agent, session_id, usage, budget, deduplicated, staged)
     session.proposed.extend(copies)
-    pages = session.pages()
-    prompt = render(
-        "refinement.txt",
-        count=len(memories),
-        memories=pages[0],
-        pages=len(pages),
-        usage=usage - sum(change.saves for change in copies),
-        budget=budget,
-        max_mutations=session.max_mutations,
-        floor_percent=round(session.floor * 100),
-        staged=session.staged is not None,
-        refused=_listed_refusals(session.refused),
-    )
-    _tool_loop(session, prompt)
+    _run_passes(session, audiences_of(memories), budget)
     counts = {
         "session_id": session_id,
         "status": session.status,
@@ -181,6 +175,54 @@ def _refine(agent: Agent, force: bool) -> dict[str, Any]:
         **session.stats,
     }
     return counts | ({"proposed": len(session.proposed)} if session.proposed else {})
+
+
+def _run_passes(
+    session: RefinementSession, audiences: dict[Audience, list[AgentMemory]], budget: int
+) -> None:
+    """One pass of the tool loop per audience, the largest first, sharing the session's turns (each pass gets
+    an even share of what is left); then close the session if its last pass did not."""
+    tokens = {
+        audience: sum(m.token_estimate or 0 for m in memories) for audience, memories in audiences.items()
+    }
+    order = sorted(audiences, key=lambda audience: -tokens[audience])
+    total, turns_left = sum(tokens.values()) or 1, current_app.config["REFINEMENT_MAX_TURNS"]
+    for number, audience in enumerate(order):
+        passes_left = len(order) - number
+        if turns_left <= 0:
+            break
+        session.begin_pass(audience, passes_after=passes_left - 1)
+        share = budget * tokens[audience] // total
+        turns_left -= _tool_loop(session, _prompt(session, share), max(1, turns_left // passes_left))
+        if session.finished:
+            return
+    session.close_unfinished(len(order))
+
+
+def _prompt(session: RefinementSession, budget: int) -> str:
+    """The pass's prompt: its audience's core memories (the first page), usage and share of the budget."""
+    pages = session.pages()
+    listed = [memory for page in pages for memory in page]  # none with a proposed change (dedup's copies)
+    return render(
+        "refinement.txt",
+        count=len(listed),
+        memories=pages[0] if pages else [],
+        pages=len(pages),
+        usage=sum(memory.token_estimate or 0 for memory in listed),
+        budget=budget,
+        max_mutations=session.max_mutations - session.mutations,
+        floor_percent=round(session.floor * 100),
+        staged=session.staged is not None,
+        refused=_listed_refusals(_heard_by(session.audience, session.refused)),
+    )
+
+
+def _heard_by(audience: Audience, changes: list[ProposedChange]) -> list[ProposedChange]:
+    """The changes whose memories are all heard by `audience` (only those may be quoted in its pass)."""
+    ids = {memory_id for change in changes for memory_id in change.memory_ids}
+    memories = db.session.scalars(sa.select(AgentMemory).where(AgentMemory.id.in_(ids))) if ids else []
+    heard = {memory.id for memory in memories if Audience.of(memory) == audience}
+    return [change for change in changes if set(change.memory_ids) <= heard]
 
 
 def _start(
@@ -233,19 +275,20 @@ def _listed_refusals(refused: list[ProposedChange]) -> list[dict[str, Any]]:
     ]
 
 
-def _tool_loop(session: RefinementSession, prompt: str) -> None:
-    """Model turns with the refinement tool until complete, rollback or the turn limit; then close."""
+def _tool_loop(session: RefinementSession, prompt: str, max_turns: int) -> int:
+    """Model turns of one pass with the refinement tool until it completes, the session is rolled back or the
+    pass's turns run out; how many turns it took. A model error closes the session."""
     offered, target = [TOOL.name], targets.for_background(session.agent)
     try:
-        run_tool_loop(
+        transcript = run_tool_loop(
             target,
             [{"role": "user", "content": prompt}],
             purpose="refine",
             tools=schemas_for(offered),
             run_call=lambda call, _transcript: run_tool_call(call, session, offered).result,
-            max_turns=current_app.config["REFINEMENT_MAX_TURNS"],
+            max_turns=max_turns,
             agent_id=session.agent.id,
-            finished=lambda: session.finished,
+            finished=lambda: session.pass_over,
             # pages read earlier give way before the prompt outgrows its budget
             before_turn=lambda messages, tools: fit_to_budget(target, messages, tools),
         )
@@ -258,6 +301,4 @@ def _tool_loop(session: RefinementSession, prompt: str) -> None:
                 f"{error} (not retried: the session had already changed memory)", retryable=False
             ) from error
         raise
-    if not session.finished:
-        session.close("memory_refinement_incomplete", reason="the session ended without calling complete")
-        session.status = "incomplete"
+    return len(transcript.turns)

@@ -1,5 +1,9 @@
 """Spec 001: daily, each agent reads its core memories and numbered journal entries of the last 7 days,
-and promotes the entries it chooses to core (the type changes; the content and the count stay)."""
+and promotes the entries it chooses to core (the type changes; the content, the audience and the count stay).
+
+Issue 31: it reflects within one audience at a time: each request holds the journal entries and core memories
+of one audience only (webapp.models.access.Audience), so no prompt sets a private chat's words beside others'.
+"""
 
 import logging
 import uuid
@@ -18,6 +22,7 @@ from webapp.llm import targets
 from webapp.llm.jsonparse import parse_json_object
 from webapp.llm.targets import ModelTarget
 from webapp.models import Agent, AgentMemory
+from webapp.models.access import Audience, audiences_of
 from webapp.models.audit import record_change
 from webapp.models.memories import core_memories, recent_journal, token_pages
 from webapp.prompting import render
@@ -53,8 +58,9 @@ def reflect_all() -> dict[str, int]:
 def reflect_agent(agent_id: int) -> dict[str, Any]:
     """Let one agent choose which of its recent journal entries become core memories.
 
-    Entries are shown a page at a time, each page within the agent's memory budget (one request per page),
-    beside the oldest core memories that fit the same budget; every promotion carries this run's session id.
+    Entries are shown an audience at a time and a page at a time, each page within the agent's memory budget
+    (one request per page), beside the oldest core memories of the same audience that fit the same budget;
+    every promotion carries this run's session id.
     """
     agent = db.session.get(Agent, agent_id)
     if agent is None or agent.paused:
@@ -65,12 +71,13 @@ def reflect_agent(agent_id: int) -> dict[str, Any]:
         return {"entries": 0, "promoted": 0}
     target = targets.for_background(agent)
     budget = memory_budget(target, agent)
-    core = _core_listing(agent, budget)
     totals = {"entries": len(entries), "promoted": 0, "ignored": 0}
     session_id = str(uuid.uuid4())
-    for page in token_pages(entries, budget):
-        for key, value in _reflect_on_page(agent, target, core, page, session_id).items():
-            totals[key] = totals.get(key, 0) + value
+    for audience, heard_entries in audiences_of(entries).items():
+        core = _core_listing(agent, audience, budget)
+        for page in token_pages(heard_entries, budget):
+            for key, value in _reflect_on_page(agent, target, core, page, session_id).items():
+                totals[key] = totals.get(key, 0) + value
     return totals
 
 
@@ -82,8 +89,8 @@ class CoreListing:
     left_out: int
 
 
-def _core_listing(agent: Agent, budget: int) -> CoreListing:
-    pages = token_pages(db.session.scalars(core_memories(agent.id)).all(), budget)
+def _core_listing(agent: Agent, audience: Audience, budget: int) -> CoreListing:
+    pages = token_pages(db.session.scalars(core_memories(agent.id).where(audience.holds())).all(), budget)
     listed = pages[0] if pages else []  # the oldest, as in a reply's prompt
     return CoreListing([m.content for m in listed], sum(len(page) for page in pages[1:]))
 

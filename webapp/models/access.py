@@ -17,7 +17,8 @@ and the memories and summaries made from it, which are heard only where the chat
 who could read where they came from.
 """
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import sqlalchemy as sa
 
@@ -111,12 +112,43 @@ def memories_heard_by(user: User) -> sa.ColumnElement[bool]:
     return memories_heard(readable_chats(user))
 
 
+@dataclass(frozen=True)
+class Audience:
+    """Who hears a memory: everyone of the account (chat_id None), or whoever may read one chat. The memory jobs
+    that read several memories and write from them (reflection, refinement) work within one audience at a time,
+    so nothing read in one is written where another is heard."""
+
+    chat_id: int | None = None
+
+    @classmethod
+    def of(cls, memory: AgentMemory) -> "Audience":
+        return cls(memory.chat_id if memory.audience == "chat" else None)
+
+    def holds(self) -> sa.ColumnElement[bool]:
+        """Condition on AgentMemory: the memories heard by exactly these people."""
+        if self.chat_id is None:
+            return AgentMemory.audience == "everyone"
+        return sa.and_(AgentMemory.audience == "chat", AgentMemory.chat_id == self.chat_id)
+
+    def columns(self) -> dict[str, str | int | None]:
+        """The columns a memory written for this audience gets."""
+        return {"audience": "everyone" if self.chat_id is None else "chat", "chat_id": self.chat_id}
+
+
+EVERYONE = Audience()
+
+
+def audiences_of(memories: Iterable[AgentMemory]) -> dict[Audience, list[AgentMemory]]:
+    """The memories by audience, each audience in the order its first memory came."""
+    grouped: dict[Audience, list[AgentMemory]] = {}
+    for memory in memories:
+        grouped.setdefault(Audience.of(memory), []).append(memory)
+    return grouped
+
+
 def same_audience(first: AgentMemory, second: AgentMemory) -> bool:
     """Two memories may become one (reflection, refinement) only when the same people may hear them."""
-    return (first.audience, first.chat_id if first.audience == "chat" else None) == (
-        second.audience,
-        second.chat_id if second.audience == "chat" else None,
-    )
+    return Audience.of(first) == Audience.of(second)
 
 
 def drawn_on(chat: Chat) -> set[int]:

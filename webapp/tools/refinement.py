@@ -6,9 +6,11 @@ Safety the spec lacks (DESIGN.md 5.4): every audit row carries the session id; a
 changes per session; after each change, if core tokens fall below `floor` times the session's starting
 tokens, the whole session is rolled back from its audit rows and the model is told to stop.
 
-Memories are heard by different people (webapp.models.access): a merge of memories of different audiences is
-refused, so no memory becomes heard where one of its parts may not be; a merged memory keeps its parts'
-audience, and the session's closing journal note takes the audience of what it changed when that is one.
+Memories are heard by different people (webapp.models.access), and a session works within one audience at a
+time (issue 31): the job runs it in passes, one per audience (`begin_pass`), and a pass lists, searches,
+finds and changes only the memories of its audience, so the model never reads one audience's words while it
+can write another's. A merged or rewritten memory keeps that audience, and so does the journal note that
+closes a pass that changed something. The cap and the floor hold for the whole session, across its passes.
 
 A staged session (issue 23: its agent's setting, or the drift alarm) applies no merge, rewrite or delete: each
 becomes a proposed change of the memories as they stand, listed no more to the model, and the session closes
@@ -24,7 +26,7 @@ from typing import Any
 
 from webapp.extensions import db
 from webapp.models import Agent, AgentMemory, AuditLog
-from webapp.models.access import same_audience
+from webapp.models.access import EVERYONE, Audience
 from webapp.models.audit import record_change, roll_back_session
 from webapp.models.memories import core_memories, core_token_usage, like_pattern, token_pages
 from webapp.models.proposals import MemoryProposal, ProposedChange, merge, remove, rewrite
@@ -47,9 +49,15 @@ class RefinementSession:
     stats: dict[str, int] = field(
         default_factory=lambda: {"consolidated": 0, "updated": 0, "deleted": 0, "protected": 0}
     )
-    status: str = "running"  # then: complete, rolled_back (or incomplete, set by the job)
-    # One memory of each audience the session changed (the closing note may be heard only where all are).
-    audiences: list[AgentMemory] = field(default_factory=list)
+    status: str = "running"  # then: complete, rolled_back or incomplete
+    # The pass now running (begin_pass): the only audience it reads or writes, how many passes come after it,
+    # how many memories it changed at once, and whether its model called complete.
+    audience: Audience = EVERYONE
+    passes_after: int = 0
+    pass_applied: int = 0
+    pass_done: bool = False
+    passes_begun: int = 0
+    summaries: list[str] = field(default_factory=list)  # one for each pass that completed
     # Issue 23. staged: why its merges, rewrites and deletes are proposed, not applied ("setting" or "drift",
     # with the alarm's reason); None: they apply at once, until `drift_alarm` (asked after each) gives a reason.
     staged: tuple[str, str | None] | None = None
@@ -59,11 +67,21 @@ class RefinementSession:
         default_factory=list
     )  # rejected or stale before: not again unchanged
     proposal_expiry: timedelta = timedelta(days=14)  # PROPOSAL_EXPIRY_DAYS
-    applied: int = 0  # memories changed at once (the rest of `mutations` are proposed)
 
     @property
     def finished(self) -> bool:
         return self.status != "running"
+
+    @property
+    def pass_over(self) -> bool:
+        """The pass may take no more calls: its model called complete, or the session is over."""
+        return self.finished or self.pass_done
+
+    def begin_pass(self, audience: Audience, passes_after: int) -> None:
+        """Start the pass over one audience's memories."""
+        self.passes_begun += 1
+        self.audience, self.passes_after = audience, passes_after
+        self.pass_applied, self.pass_done = 0, False
 
     @property
     def mutations(self) -> int:
@@ -72,7 +90,7 @@ class RefinementSession:
 
     def run(self, arguments: dict[str, Any]) -> dict[str, Any]:
         """Execute one tool call; errors come back as results the model can read."""
-        if self.finished:
+        if self.pass_over:
             return _error("The session is over; no more changes are accepted.")
         action = str(arguments.get("action", ""))
         if action not in ACTIONS:
@@ -109,8 +127,9 @@ class RefinementSession:
         return {memory_id for change in self.proposed for memory_id in change.memory_ids}
 
     def _listed(self):
-        """The core memories the model is shown: all but those it has proposed changes to."""
-        query = core_memories(self.agent.id)
+        """The core memories the model is shown: those of the pass's audience but the ones it has proposed
+        changes to."""
+        query = core_memories(self.agent.id).where(self.audience.holds())
         return query.where(AgentMemory.id.not_in(self.touched)) if self.touched else query
 
     def pages(self) -> list[list[AgentMemory]]:
@@ -150,17 +169,17 @@ class RefinementSession:
             return _param_error("consolidate", "ids")
         if not content.strip():
             return _param_error("consolidate", "content")
-        memories = self._memories(_ids(ids))
+        wanted = _ids(ids)
+        memories = self._memories(wanted)
         if refusal := _constitutional_refusal("consolidate", memories):
             return refusal
         if not memories:
             return _error("No matching memories found")
-        if refusal := _audience_refusal(memories) or self._refused_again("merge", memories, content):
+        if refusal := _unlisted_refusal(wanted, memories) or self._refused_again("merge", memories, content):
             return refusal
         if self.staged:
             return self._propose("merge", memories, content, "consolidated")
         merged = merge(self.agent, memories, content, via=VIA, session_id=self.session_id)
-        self._changed(merged)
         db.session.commit()
         self._count_applied("consolidated", len(memories))
         return {
@@ -183,7 +202,6 @@ class RefinementSession:
         if self.staged:
             return self._propose("rewrite", [memory], content, "updated")
         rewrite(memory, content, via=VIA, session_id=self.session_id)
-        self._changed(memory)
         db.session.commit()
         self._count_applied("updated", 1)
         return {"type": "updated", "id": memory.id, "content": memory.content}
@@ -200,8 +218,6 @@ class RefinementSession:
         if self.staged and memories:
             return self._propose("delete", memories, None, "deleted")
         remove(memories, via=VIA, session_id=self.session_id)
-        for memory in memories:
-            self._changed(memory)
         db.session.commit()
         self._count_applied("deleted", len(memories))
         return {"type": "deleted", "count": len(memories)}
@@ -214,7 +230,6 @@ class RefinementSession:
             return _error(f"Memory #{id} not found")
         before = memory.snapshot()
         memory.constitutional = True
-        self._changed(memory)
         record_change(memory, "memory_refinement_protect", before, via=VIA, session_id=self.session_id)
         db.session.commit()
         self._count_applied("protected", 1)
@@ -223,23 +238,50 @@ class RefinementSession:
     def _complete(self, summary: str = "", **_: str) -> dict[str, Any]:
         if not summary.strip():
             return _param_error("complete", "summary")
-        # A session that changed nothing (or only proposed) has nothing worth remembering; one that changed
-        # memories of several audiences has no one audience its summary could be heard by (the closing row
-        # keeps it for admins).
-        if self.applied and len(self.audiences) == 1:
-            [heard] = self.audiences
-            note = AgentMemory(
-                agent=self.agent,
-                content=f"Refinement session: {summary.strip()}"[:10_000],
-                memory_type="journal",
-                chat_id=heard.chat_id if heard.audience == "chat" else None,
-                audience=heard.audience,
-            )
-            db.session.add(note)
-            record_change(note, "memory_create", None, via=VIA, session_id=self.session_id)
-        self.close("memory_refinement_complete", summary=summary.strip())
-        self.status = "complete"
+        self._note(summary.strip())
+        self.summaries.append(summary.strip())
+        self.pass_done = True
+        if not self.passes_after and len(self.summaries) < self.passes_begun:
+            self.close_unfinished(self.passes_begun)
+        elif not self.passes_after:
+            self.close("memory_refinement_complete", summary=self.summary)
+            self.status = "complete"
         return {"type": "refinement_complete", "summary": summary.strip(), "stats": self.stats}
+
+    def close_unfinished(self, passes: int) -> None:
+        """Close the session as incomplete: of its `passes` (one per audience), some ended, or were never
+        reached, without their model calling complete."""
+        left = passes - len(self.summaries)
+        reason = (
+            f"{left} of its {passes} passes (one per audience) ended without calling complete"
+            if passes > 1
+            else "the session ended without calling complete"
+        )
+        self.close(
+            "memory_refinement_incomplete",
+            reason=reason,
+            **({"summary": self.summary} if self.summaries else {}),
+        )
+        self.status = "incomplete"
+
+    @property
+    def summary(self) -> str:
+        """What the passes' models said they did, together (the closing row keeps it for admins)."""
+        return " ".join(self.summaries)
+
+    def _note(self, summary: str) -> None:
+        """Remember what the pass did, heard by its audience; a pass that changed nothing (or only proposed)
+        has nothing worth remembering."""
+        if not self.pass_applied:
+            return
+        note = AgentMemory(
+            agent=self.agent,
+            content=f"Refinement session: {summary}"[:10_000],
+            memory_type="journal",
+            **self.audience.columns(),
+        )
+        db.session.add(note)
+        record_change(note, "memory_create", None, via=VIA, session_id=self.session_id)
 
     def close(self, action: str, **data: Any) -> None:
         """Write the session's closing audit row (with stats and token figures) and stamp the agent; a session
@@ -314,7 +356,7 @@ class RefinementSession:
     def _count_applied(self, counted: str, memories: int) -> None:
         """Count a change made at once; if the drift alarm has now gone on, stage the rest of the session."""
         self.stats[counted] += memories
-        self.applied += memories
+        self.pass_applied += memories
         if counted != "protected" and self.drift_alarm and (reason := self.drift_alarm()):
             self.staged = ("drift", reason)
 
@@ -330,17 +372,13 @@ class RefinementSession:
                 )
         return None
 
-    def _changed(self, memory: AgentMemory) -> None:
-        """Note the audience of a memory the session changed."""
-        if not any(same_audience(memory, seen) for seen in self.audiences):
-            self.audiences.append(memory)
-
     def _memories(self, ids: list[int]) -> list[AgentMemory]:
-        """The agent's active core memories with these ids (ValueError for one it already proposed to change)."""
+        """The listed memories (the pass's audience) with these ids (ValueError for one it already proposed to
+        change)."""
         if taken := sorted(set(ids) & self.touched):
             listed = ", ".join(f"#{memory_id}" for memory_id in taken)
             raise ValueError(f"A change of {listed} is already proposed in this session; leave it as it is.")
-        return list(db.session.scalars(core_memories(self.agent.id).where(AgentMemory.id.in_(ids))))
+        return list(db.session.scalars(self._listed().where(AgentMemory.id.in_(ids))))
 
 
 def _constitutional_refusal(verb: str, memories: list[AgentMemory]) -> dict[str, Any] | None:
@@ -351,14 +389,15 @@ def _constitutional_refusal(verb: str, memories: list[AgentMemory]) -> dict[str,
     return _error(f"Cannot {verb} constitutional memories: {', '.join(map(str, protected))}")
 
 
-def _audience_refusal(memories: list[AgentMemory]) -> dict[str, Any] | None:
-    """The error result when the memories are not all heard by the same people (they cannot become one)."""
-    if all(same_audience(memories[0], m) for m in memories[1:]):
+def _unlisted_refusal(wanted: list[int], memories: list[AgentMemory]) -> dict[str, Any] | None:
+    """The error result when some memories to merge are not among those listed in the session (another
+    agent's, deleted, or heard by other people than the memories this session is about)."""
+    missing = sorted(set(wanted) - {m.id for m in memories})
+    if not missing:
         return None
-    heard = ", ".join(f"#{m.id} heard by {m.heard_by}" for m in memories)
+    listed = ", ".join(f"#{memory_id}" for memory_id in missing)
     return _error(
-        f"Cannot consolidate memories heard by different people ({heard}): a merged memory would be heard where "
-        "some of them may not be. Consolidate only memories with the same heard_by."
+        f"Cannot consolidate {listed}: not among the memories listed in this session. Consolidate only those."
     )
 
 
