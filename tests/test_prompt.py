@@ -157,3 +157,47 @@ def test_no_model_sees_an_untitled_chats_database_id(admin, fake_llm):
     for request in (reply_prompt, after_tool, summary_prompt):
         text = json.dumps(request)
         assert f"Conversation {here.id}" not in text and f"Conversation {there.id}" not in text
+
+
+def test_a_new_agents_prompt_searches_nothing_and_asks_no_budget_queries(admin, app, monkeypatch):
+    """Nothing to rank and nothing to list: neither the query's embedding nor the search nor the budget's two
+    queries run; the prompt says the agent has no memory yet, as it did when they ran. A first memory, or a
+    constitutional one alone, brings back what it needs."""
+    from webapp import search
+    from webapp.prompting import build
+
+    ada = factories.agent(admin.account, "Ada")
+    chat = factories.chat(admin.account, [ada])
+    chat.add_message(role="user", content="What do you know about my garden?", user=admin, status="done")
+    db.session.commit()
+    searched, budgeted = [], []
+    monkeypatch.setattr(search, "query_vector", lambda *a, **k: searched.append(a) or _no_vector())
+    monkeypatch.setattr(build, "memories_within", _recording(build.memories_within, budgeted))
+
+    empty = build_prompt(chat, ada).messages[-1]["content"]
+    assert searched == [] and budgeted == []
+
+    factories.memory(ada, "Be kind.", "core", constitutional=True)
+    with_rule = build_prompt(chat, ada).messages[-1]["content"]
+    assert searched == [] and len(budgeted) == 1  # listed, and nothing to rank
+    factories.memory(ada, "The garden has roses.", "core")
+    with_roses = build_prompt(chat, ada).messages[-1]["content"]
+    assert len(searched) == 1 and len(budgeted) == 2
+    assert "Be kind." in with_rule and "The garden has roses." in with_roses
+    assert "Be kind." not in empty and "- " not in empty.split("# Your memory")[1].split("# Now")[0]
+
+
+def _no_vector():
+    from concurrent.futures import Future
+
+    future = Future()
+    future.set_result(None)
+    return future
+
+
+def _recording(func, calls: list):
+    def recorded(*args, **kwargs):
+        calls.append(args)
+        return func(*args, **kwargs)
+
+    return recorded

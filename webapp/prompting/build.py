@@ -310,8 +310,17 @@ def prompt_memory(
         recent = _recent_messages(chat, None)
     budget = memory_budget(target, agent)
     heard = memories_heard(chats if chats is not None else chats_heard_in(chat))
-    relevant = _relevant_memories(agent, chat, heard, *_memory_query(recent))
-    within = memories_within(agent.id, now, budget, relevant, heard=heard)
+    scope = (active_memories(agent.id).whereclause, heard)
+    # (IS NOT TRUE: "= false" would lead SQLite to the constitutional flag's index, over every agent's rows)
+    rankable = (*scope, AgentMemory.constitutional.is_not(True))
+    any_memory, any_to_rank = db.session.execute(
+        sa.select(sa.exists().where(*scope), sa.exists().where(*rankable))
+    ).one()
+    # A new agent has nothing to rank (no query embedding, no search) and nothing to list (no budget queries).
+    relevant = _relevant_memories(agent, chat, rankable, *_memory_query(recent)) if any_to_rank else []
+    within = (
+        memories_within(agent.id, now, budget, relevant, heard=heard) if any_memory else MemoryWithin(now=now)
+    )
     return within, _memory_section(target, within, agent, budget)
 
 
@@ -337,18 +346,16 @@ def _cut(text: str, chars: int) -> str:
 
 
 def _relevant_memories(
-    agent: Agent, chat: Chat, heard: sa.ColumnElement[bool], message: str, around: str
+    agent: Agent, chat: Chat, scope: tuple[sa.ColumnElement[bool], ...], message: str, around: str
 ) -> list[int]:
-    """The ids of the agent's memories (any active one but the constitutional, listed anyway) that best match
-    the conversation and that `heard` admits, best first: the search the recall tool runs, by the words of the
+    """The ids of the agent's memories within `scope` (any active one heard here but the constitutional, listed
+    anyway) that best match the conversation, best first: the search the recall tool runs, by the words of the
     message and a few of the turns around it, and by the meaning of the message alone (an embedding takes
     longer the longer its text, and the question is what the reply is about). The search by meaning runs after
     the words, on the prompt's connection: it waits for the query's embedding, which takes longer than the
     words (a thread and a connection of its own added a second session and its round trips; bench.job_overhead)."""
-    # (IS NOT TRUE: "= false" would lead SQLite to the constitutional flag's index, over every agent's rows)
-    scope = (active_memories(agent.id).whereclause, AgentMemory.constitutional.is_not(True), heard)
-    if not message or not db.session.scalar(sa.select(sa.exists().where(*scope))):
-        return []  # nothing to rank (a new agent): neither the query's embedding nor the search is needed
+    if not message:
+        return []
     vector = search.query_vector(_cut(message, QUERY_EMBEDDED_CHARS), agent_id=agent.id, chat_id=chat.id)
     words = f"{message}\n{around}"
     return search.memory_ids(agent.id, words, RELEVANT_MEMORIES, *scope, vector=vector, meanwhile=False)
