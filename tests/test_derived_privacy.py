@@ -122,9 +122,8 @@ def test_adding_someone_who_may_not_read_what_the_chat_drew_on_is_refused(app, q
 
     refused = anas.post(f"/chats/{q.id}/people", data={"user_id": cleo.id}, follow_redirects=True)
 
-    assert (
-        f"Cleo was not added: this chat's replies drew on “{P_TITLE}”, which Cleo may not read"
-        in html.unescape(refused.text)
+    assert f"Cleo was not added: its replies drew on “{P_TITLE}”, which Cleo may not read." in html.unescape(
+        refused.text
     )
     assert {row.user_id for row in db.session.get(Chat, q.id).chat_people} == {ana.id}
     assert _client(app, cleo).get(f"/chats/{q.id}").status_code == 404
@@ -179,3 +178,29 @@ def test_a_person_taken_back_leaves_the_chats_that_drew_meanwhile_on_chats_they_
     assert "They left 1 of their chats, which drew on chats they may not read." in back.text
     assert {row.user_id for row in db.session.get(Chat, both.id).chat_people} == {ana.id}
     assert _client(app, ben).get(f"/chats/{both.id}").status_code == 404
+
+
+def test_a_chat_waits_for_the_reply_being_written_before_it_is_widened(app, acme, ana, cleo, ada):
+    """A reply in progress may still borrow or recall what only the chat's people may read: sharing the chat, or
+    adding someone, waits until it is done."""
+    chat = factories.chat(acme, [ada], "Ana alone", people=[ana])
+    factories.message(chat, "What did Ben say?", author=ana)
+    [reply] = request_replies(chat, [ada])
+    reply.status = "streaming"
+    db.session.commit()
+    anas = _client(app, ana)
+
+    shared = anas.post(f"/chats/{chat.id}/visibility", data={"visibility": "shared"}, follow_redirects=True)
+    added = anas.post(f"/chats/{chat.id}/people", data={"user_id": cleo.id}, follow_redirects=True)
+
+    assert "Not shared: a reply is still being written here; try again once it is done." in html.unescape(
+        shared.text
+    )
+    assert "Cleo was not added: a reply is still being written here" in html.unescape(added.text)
+    db.session.expire_all()
+    assert db.session.get(Chat, chat.id).visibility == "private"
+    assert {row.user_id for row in db.session.get(Chat, chat.id).chat_people} == {ana.id}
+    reply.status = "done"
+    db.session.commit()
+    assert anas.post(f"/chats/{chat.id}/visibility", data={"visibility": "shared"}).status_code == 303
+    assert db.session.get(Chat, chat.id).visibility == "shared"

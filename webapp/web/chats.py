@@ -718,6 +718,18 @@ def _back_to(
     return redirect(to or url_for("chats.show", chat_id=chat.id), code=303)
 
 
+def _not_widened(chat: Chat, people: list[int] | None, who_may_not: str) -> str | None:
+    """Why the chat may not be opened to `people` (None: everyone of the account), in words; None if it may. A
+    reply being written may still draw on whatever is heard now, so the chat waits for it."""
+    if db.session.scalar(
+        sa.select(sa.exists().where(Message.chat_id == chat.id, Message.status.in_(("pending", "streaming"))))
+    ):
+        return "a reply is still being written here; try again once it is done."
+    if closed := access.sources_closed_to(chat, people):
+        return f"its replies drew on {access.named_for(closed, current_user)}, which {who_may_not}."
+    return None
+
+
 @bp.post("/<int:chat_id>/visibility")
 @login_required
 def visibility(chat_id: int) -> ResponseReturnValue:
@@ -731,11 +743,9 @@ def visibility(chat_id: int) -> ResponseReturnValue:
     if wanted == chat.visibility:  # the switch's current side: nothing to change
         return redirect(url_for("chats.show", chat_id=chat.id), code=303)
     _governed(chat)
-    if wanted == "shared" and (closed := access.sources_closed_to(chat, None)):
+    if wanted == "shared" and (why := _not_widened(chat, None, "not everyone of the account may read")):
         db.session.rollback()
-        drew_on = access.named_for(closed, current_user)
-        return _back_to(chat, f"Not shared: its replies drew on {drew_on}, which not everyone of the account "
-                              "may read. Start a new chat to talk with everyone.")  # fmt: skip
+        return _back_to(chat, f"Not shared: {why} Start a new chat to talk with everyone.")
     chat.visibility = wanted
     if chat.is_private:
         said = "Private: only this chat's people can read it now."
@@ -759,11 +769,9 @@ def add_person(chat_id: int) -> ResponseReturnValue:
         db.session.rollback()
         return _back_to(chat, "That person cannot be added to this chat.")
     name = dict(form.user_id.choices)[form.user_id.data]
-    if closed := access.sources_closed_to(chat, [*people, form.user_id.data]):
+    if why := _not_widened(chat, [*people, form.user_id.data], f"{name} may not read"):
         db.session.rollback()
-        drew_on = access.named_for(closed, current_user)
-        return _back_to(chat, f"{name} was not added: this chat's replies drew on {drew_on}, which {name} may "
-                              "not read. Start a new chat with them instead.")  # fmt: skip
+        return _back_to(chat, f"{name} was not added: {why} Start a new chat with them instead.")
     db.session.add(ChatPerson(chat_id=chat.id, user_id=form.user_id.data, added_by_id=current_user.id))
     notice = f"{current_user.display_name} added {name} to the conversation."
     return _back_to(chat, f"{name} can read this chat now.", notice)
