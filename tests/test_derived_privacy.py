@@ -105,7 +105,7 @@ def test_sharing_a_chat_whose_reply_borrowed_from_a_private_one_is_refused_namin
 
     refused = anas.post(f"/chats/{q.id}/visibility", data={"visibility": "shared"}, follow_redirects=True)
 
-    assert f"Not shared: its replies drew on “{P_TITLE}”" in html.unescape(refused.text)
+    assert f"Not opened to everyone in Acme: its replies drew on “{P_TITLE}”" in html.unescape(refused.text)
     assert db.session.get(Chat, q.id).visibility == "private"
     cleos = _client(app, cleo)
     assert cleos.get(f"/chats/{q.id}").status_code == 404
@@ -159,7 +159,9 @@ def test_the_refusal_names_a_chat_the_actor_may_not_read_without_its_title(app, 
         f"/chats/{q.id}/visibility", data={"visibility": "shared"}, follow_redirects=True
     )
 
-    assert "Not shared: its replies drew on a chat you cannot read" in html.unescape(refused.text)
+    assert "Not opened to everyone in Acme: its replies drew on a chat you cannot read" in html.unescape(
+        refused.text
+    )
     assert P_TITLE not in html.unescape(refused.text)
 
 
