@@ -79,6 +79,24 @@ def test_the_list_shows_when_a_key_was_last_used(client, auth, member):
     assert "last used" in client.get("/account").text
 
 
+def test_revoke_asks_first_on_a_page_of_its_own(client, auth, member):
+    auth.login(member)
+    secret = _secret(_make(client).text)
+    key = db.session.scalar(sa.select(ApiKey))
+
+    account = client.get("/account").text
+    asked = client.get(f"/account/keys/{key.id}/revoke")
+
+    link = (
+        f'<a class="button danger" href="/account/keys/{key.id}/revoke">Revoke<span class="visually-hidden">'
+    )
+    assert link in account  # a link to the question, not a button that revokes at once
+    assert asked.status_code == 200 and "<h1>Revoke the key “Open WebUI”?</h1>" in asked.text
+    assert "Every app using it is refused from its next request on." in asked.text
+    assert '<a class="button" href="/account#api-keys">Keep it</a>' in asked.text
+    assert person_for_bearer(f"Bearer {secret}") is not None  # asking changed nothing
+
+
 def test_revoking_a_key_refuses_it_at_once(client, auth, member):
     auth.login(member)
     secret = _secret(_make(client).text)
@@ -268,7 +286,13 @@ def test_making_copying_and_revoking_a_key_in_a_browser(page, size, live_server)
     assert person_for_bearer(f"Bearer {secret}") == member
     check_page(page, size, "api-keys-made")
 
-    tap(page.get_by_role("button", name="Revoke the key Open WebUI"))
+    tap(page.get_by_role("link", name="Revoke the key Open WebUI"))  # asks first, on a page of its own
+    expect(page.get_by_role("heading", name="Revoke the key “Open WebUI”?")).to_be_visible()
+    check_page(page, size, "api-keys-revoke-asked")
+    tap(page.get_by_role("link", name="Keep it"))
+    assert person_for_bearer(f"Bearer {secret}") == member
+    tap(page.get_by_role("link", name="Revoke the key Open WebUI"))
+    tap(page.get_by_role("button", name="Revoke the key"))
     expect(page.get_by_text("Revoked the key “Open WebUI”")).to_be_visible()
     assert person_for_bearer(f"Bearer {secret}") is None
     check_page(page, size, "api-keys-revoked")

@@ -208,7 +208,7 @@ def test_sharing_makes_a_chat_readable_by_the_account_and_private_again_hides_it
     notice = db.session.scalar(
         sa.select(Message).where(Message.chat_id == a_private.id).order_by(Message.id.desc())
     )
-    assert (notice.role, notice.content) == ("system", "milo shared this chat with everyone of the account.")
+    assert (notice.role, notice.content) == ("system", "milo opened this chat to everyone in Acme.")
 
     a.client.post(f"{url}/visibility", data={"visibility": "private"})
 
@@ -247,6 +247,15 @@ def test_only_its_people_flip_a_chat_and_only_an_admin_one_from_before_people_an
     assert db.session.get(Chat, older.id).visibility == "private"
     assert [p.user_id for p in db.session.get(Chat, older.id).chat_people] == [admin.id]
     assert client.get(f"/chats/{older.id}").status_code == 200
+
+
+def test_the_new_chat_form_says_who_will_read_it(client, auth, member, ada):
+    auth.login(member)
+
+    form = " ".join(client.get("/chats/new").text.split())
+
+    assert "<strong>Who reads it: only its people</strong>, that is you until you add someone." in form
+    assert "In the chat, you can add people or open it to everyone in Acme." in form
 
 
 def test_a_new_chat_is_private_to_whoever_started_it(app, client, auth, member, sam, ada):
@@ -338,8 +347,15 @@ def test_the_lists_show_only_readable_chats_marked_private_or_shared(
     for html in (index, sidebar):
         private_row = re.search(rf"{TITLE}.*?</a>", html, re.S).group(0)
         shared_row = re.search(r"Garden club.*?</a>", html, re.S).group(0)
-        assert 'class="visibility-mark private"' in private_row and ">Private</span>" in private_row
-        assert 'class="visibility-mark shared"' in shared_row and ">Shared</span>" in shared_row
+        # Named by who reads them, in words on the page (not "Shared": elsewhere a read-only link).
+        assert (
+            'class="visibility-mark private"' in private_row
+            and '"audience">Only its people</span>' in private_row
+        )
+        assert (
+            'class="visibility-mark shared"' in shared_row
+            and '"audience">Everyone in Acme</span>' in shared_row
+        )
     assert client.get(f"/chats/{theirs.id}").status_code == 404
 
 
@@ -351,8 +367,8 @@ def test_the_chat_header_has_the_switch_and_the_people(client, auth, member, sam
     head = page.split('<header class="chat-head">')[1].split("</header>")[0]
 
     assert f'action="/chats/{a_private.id}/visibility"' in head and 'name="csrf_token"' in head
-    assert re.search(r'value="private" aria-pressed="true"', head)
-    assert re.search(r'value="shared" aria-pressed="false"', head)
+    assert re.search(r'value="private" aria-pressed="true"[^>]*>.*?Only its people</button>', head, re.S)
+    assert re.search(r'value="shared" aria-pressed="false"[^>]*>.*?Everyone in Acme</button>', head, re.S)
     assert 'milo <span class="muted">(you)</span>' in head and "sam" in head
     assert f'action="/chats/{a_private.id}/people/{sam.id}/remove"' in head
     assert f'/people/{member.id}/remove"' not in head  # whoever started it stays

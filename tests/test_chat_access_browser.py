@@ -50,34 +50,38 @@ def test_the_switch_the_picker_the_marks_and_another_members_view(page, size, br
     # Milo's list marks her chat private and the garden club shared, in words as well as icons.
     _sign_in(page, live_server, "milo@example.com")
     listed = page.locator("#chat-list li", has_text=TITLE)
-    expect(listed.locator(".visibility-mark.private")).to_have_text("Private")
+    expect(listed.locator(".visibility-mark.private")).to_have_text("Only its people")
     expect(page.locator("#chat-list li", has_text="Garden club").locator(".visibility-mark")).to_have_text(
-        "Shared"
+        "Everyone in Acme"
     )
     _keep(page, size, "access-01-list")
 
     # The header: the switch shows private pressed; the people are Milo alone.
     tap(listed.get_by_role("link"))
     switch = page.get_by_role("group", name="Who can read this chat")
-    expect(switch.get_by_role("button", name="Private")).to_have_attribute("aria-pressed", "true")
-    expect(switch.get_by_role("button", name="Shared")).to_have_attribute("aria-pressed", "false")
-    if size == "desktop":
+    only_its_people, everyone = (
+        switch.get_by_role("button", name=n) for n in ("Only its people", "Everyone in Acme")
+    )
+    expect(only_its_people).to_have_attribute("aria-pressed", "true")
+    expect(everyone).to_have_attribute("aria-pressed", "false")
+    if size == "desktop":  # the list beside the chat says it in words too, not only with the icon
         side = page.locator("#side-list")
-        expect(side.locator("li", has_text=TITLE).locator(".visibility-mark.private")).to_have_attribute(
-            "title", "Private: only its people can read it"
+        expect(side.locator("li", has_text=TITLE).locator(".visibility-mark.private")).to_be_visible()
+        expect(side.locator("li", has_text=TITLE).locator(".visibility-mark.private")).to_have_text(
+            "Only its people"
         )
-        expect(side.locator("li", has_text="Garden club").locator(".visibility-mark.shared")).to_be_attached()
+        expect(side.locator("li", has_text="Garden club").locator(".visibility-mark.shared")).to_have_text(
+            "Everyone in Acme"
+        )
     _keep(page, size, "access-02-private-chat")
 
-    tap(switch.get_by_role("button", name="Shared"))
-    expect(page.locator(".flash")).to_contain_text("Shared: everyone of the account can read this chat now.")
-    expect(switch.get_by_role("button", name="Shared")).to_have_attribute("aria-pressed", "true")
-    expect(page.locator("#messages")).to_contain_text(
-        "Milo Marsh shared this chat with everyone of the account."
-    )
-    tap(switch.get_by_role("button", name="Private"))
-    expect(page.locator(".flash")).to_contain_text("Private: only this chat's people can read it now.")
-    expect(switch.get_by_role("button", name="Private")).to_have_attribute("aria-pressed", "true")
+    tap(everyone)
+    expect(page.locator(".flash")).to_contain_text("Everyone in Acme can read this chat now.")
+    expect(everyone).to_have_attribute("aria-pressed", "true")
+    expect(page.locator("#messages")).to_contain_text("Milo Marsh opened this chat to everyone in Acme.")
+    tap(only_its_people)
+    expect(page.locator(".flash")).to_contain_text("Only this chat's people can read it now.")
+    expect(only_its_people).to_have_attribute("aria-pressed", "true")
 
     # The picker: add Sam, then take him out again.
     people = page.locator(".people-picker")

@@ -375,6 +375,26 @@ def test_only_your_own_last_message_can_be_edited(client, auth, admin, member, a
     assert [m.content for m in _messages(chat)] == ["admin's words", "my first", "my second"]
 
 
+def test_a_notice_leaves_edit_and_regenerate_with_the_last_turn(client, signed_in, ada, member):
+    chat = factories.chat(signed_in.account, [ada])
+    mine = factories.message(chat, "Plan a trip to Lisbn", author=signed_in)
+    reply = factories.message(chat, "Lisbn?", author=ada)
+    notice = factories.message(chat, "dana added milo to the conversation.", role="system")
+
+    regenerated = client.post(f"/chats/{chat.id}/messages/{reply.id}/regenerate")
+    form = client.get(f"/chats/{chat.id}/messages/{mine.id}/edit")
+    db.session.refresh(reply)
+    reply.status, reply.content = "done", "Lisbon?"
+    db.session.commit()
+    client.post(f"/chats/{chat.id}/messages/{mine.id}/edit", data={"content": "Plan a trip to Lisbon"})
+
+    assert regenerated.status_code == 200 and form.status_code == 200 and "Save and resend" in form.text
+    edited, kept, new_reply = _messages(chat)
+    assert (edited.id, edited.content) == (mine.id, "Plan a trip to Lisbon")
+    assert (kept.id, kept.content) == (notice.id, "dana added milo to the conversation.")  # it still happened
+    assert new_reply.role == "assistant" and new_reply.id > notice.id
+
+
 def test_an_agents_memory_from_the_chat_read_only_for_members(client, auth, admin, member, ada, basil):
     from webapp.models import AgentMemory
 
@@ -497,13 +517,18 @@ def test_an_agents_memory_page_shows_what_its_prompt_holds_and_what_did_not_fit(
 
 def test_chat_page_lists_the_chats_with_a_preview_and_focuses_the_composer(client, signed_in, ada):
     tea = factories.chat(signed_in.account, [ada], "Tea")
-    factories.message(tea, "Green or black?", author=ada)
+    factories.message(
+        tea, "**Green** or _black_?\n\n- [Assam](https://example.com) & `Earl Grey`", author=ada
+    )
     plans = factories.chat(signed_in.account, [ada], "Plans")
 
     page = client.get(f"/chats/{plans.id}").text
+    index = client.get("/chats/").text
 
     sidebar = page.split('class="chat-sidebar"')[1].split("</nav>")[0]
-    assert "Tea" in sidebar and "Ada: Green or black?" in sidebar and "New chat" in sidebar
+    plain = "Ada: Green or black? Assam &amp; Earl Grey"  # the words, not their Markdown
+    assert "Tea" in sidebar and f'<span class="preview">{plain}</span>' in sidebar and "New chat" in sidebar
+    assert f'<span class="preview muted">{plain}</span>' in index
     assert 'aria-current="page"' in sidebar.split("Plans")[0].rsplit("<li>", 1)[1]
     assert '<h1 id="chat-heading">Plans</h1>' in page
     assert 'id="composer-input"' in page and "autofocus" in page

@@ -105,7 +105,7 @@ def test_sharing_a_chat_whose_reply_borrowed_from_a_private_one_is_refused_namin
 
     refused = anas.post(f"/chats/{q.id}/visibility", data={"visibility": "shared"}, follow_redirects=True)
 
-    assert f"Not shared: its replies drew on “{P_TITLE}”" in html.unescape(refused.text)
+    assert f"Not opened to everyone in Acme: its replies drew on “{P_TITLE}”" in html.unescape(refused.text)
     assert db.session.get(Chat, q.id).visibility == "private"
     cleos = _client(app, cleo)
     assert cleos.get(f"/chats/{q.id}").status_code == 404
@@ -158,7 +158,9 @@ def test_the_refusal_names_a_chat_the_actor_may_not_read_without_its_title(app, 
         f"/chats/{q.id}/visibility", data={"visibility": "shared"}, follow_redirects=True
     )
 
-    assert "Not shared: its replies drew on a chat you cannot read" in html.unescape(refused.text)
+    assert "Not opened to everyone in Acme: its replies drew on a chat you cannot read" in html.unescape(
+        refused.text
+    )
     assert P_TITLE not in html.unescape(refused.text)
 
 
@@ -193,8 +195,9 @@ def test_a_chat_waits_for_the_reply_being_written_before_it_is_widened(app, acme
     shared = anas.post(f"/chats/{chat.id}/visibility", data={"visibility": "shared"}, follow_redirects=True)
     added = anas.post(f"/chats/{chat.id}/people", data={"user_id": cleo.id}, follow_redirects=True)
 
-    assert "Not shared: a reply is still being written here; try again once it is done." in html.unescape(
-        shared.text
+    assert (
+        "Not opened to everyone in Acme: a reply is still being written here; try again once it is done."
+        in html.unescape(shared.text)
     )
     assert "Cleo was not added: a reply is still being written here" in html.unescape(added.text)
     db.session.expire_all()

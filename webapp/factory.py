@@ -14,7 +14,7 @@ from webapp.extensions import DATABASE_ID_MAX, csrf, db, login_manager, migrate
 from webapp.jobs import queue
 from webapp.mcp import proxy as mcp_proxy
 from webapp.timeutil import utcnow
-from webapp.web import agents, auth, chats, guards, health, people
+from webapp.web import agents, auth, chats, errors, guards, health, people
 from webapp.web.markdown import render_markdown
 
 
@@ -37,6 +37,7 @@ def create_app(test_config: dict | None = None) -> Flask:
     llm.init_app(app)
     queue.init_app(app)
     guards.init_app(app)
+    errors.init_app(app)
     api.init_app(app)
 
     for blueprint in (auth.bp, agents.bp, chats.bp, health.bp, admin.bp, people.bp, mcp_proxy.bp):

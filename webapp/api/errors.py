@@ -1,6 +1,7 @@
 """Errors in OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`, for everything under /v1: what the
 views refuse (ApiError), rate limits (429 with Retry-After), HTTP errors, and routing's 404 and 405, which no
-blueprint handler sees (Flask does not know the blueprint of a URL it could not route)."""
+blueprint handler sees (Flask does not know the blueprint of a URL it could not route): those are answered before
+the view would raise them."""
 
 from flask import Blueprint, Flask, Response, jsonify, request
 from flask_limiter import RateLimitExceeded
@@ -72,9 +73,9 @@ def register(bp: Blueprint) -> None:
 
 
 def init_app(app: Flask) -> None:
-    """Routing's 404 and 405 under /v1, app-wide."""
-    app.register_error_handler(404, _routing_error)
-    app.register_error_handler(405, _routing_error)
+    """Routing's 404 and 405 under /v1, app-wide: answered before the view would raise them, so the pages'
+    own error handler (webapp.web.errors) never answers them."""
+    app.before_request(_routing_error)
 
 
 def _too_many(error: RateLimitExceeded) -> Response:
@@ -98,10 +99,13 @@ def _http_error(error: HTTPException) -> Response:
     return response
 
 
-def _routing_error(error: HTTPException) -> Response | HTTPException:
-    """Under /v1, the client's error shape; anywhere else, the page as before."""
-    if request.path == PREFIX or request.path.startswith(PREFIX + "/"):
-        if error.code == 404:
-            return error_response(404, f"There is no {request.path} in this API.", code="not_found")
+def _routing_error() -> Response | None:
+    """Under /v1, a URL or method no view takes gets the client's error shape."""
+    error = request.routing_exception
+    if error is None or not (request.path == PREFIX or request.path.startswith(PREFIX + "/")):
+        return None
+    if error.code == 404:
+        return error_response(404, f"There is no {request.path} in this API.", code="not_found")
+    if error.code == 405:
         return _http_error(error)
-    return error
+    return None  # a redirect to the URL with its slash

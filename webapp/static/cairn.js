@@ -165,11 +165,11 @@ function removeDuplicates() {
   });
 }
 
-// Edit is offered on your own message only while nothing but replies follow it.
+// Edit is offered on your own message only while nothing but replies follow it (and notices, which are no turn).
 function markEditable() {
   const articles = [...document.querySelectorAll("#messages > article.message")];
   articles.forEach((a) => a.classList.remove("editable"));
-  const lastNonReply = articles.filter((a) => !a.classList.contains("assistant")).pop();
+  const lastNonReply = articles.filter((a) => !a.classList.contains("assistant") && !a.classList.contains("system")).pop();
   if (lastNonReply?.classList.contains("mine")) lastNonReply.classList.add("editable");
 }
 
@@ -308,3 +308,21 @@ document.addEventListener("change", (event) => {
   if (picker.value.endsWith("|")) typed.focus();
   else typed.value = "";
 });
+
+// A notice (webapp.web.guards.notice: HX-Retarget #notice) is shown whatever its status: a refusal, a chat one may
+// no longer read, a server error. Other error responses are not swapped (base.html's htmx-config).
+document.addEventListener("htmx:beforeSwap", (event) => {
+  if (event.detail.xhr.getResponseHeader("HX-Retarget") !== "#notice") return;
+  event.detail.shouldSwap = true;
+  event.detail.isError = false;
+});
+
+// After an invalid form (a page or a fragment re-rendered with its errors, _field.html), the focus moves to the
+// first field in error, where a screen reader reads the error too (aria-describedby), not to the page's top.
+function focusFirstError(root) {
+  const field = root.querySelector?.(".field.invalid :is(input:not([type=hidden]), select, textarea)");
+  if (field) field.focus();
+}
+// On load: a URL's #fragment (the key form's action) takes the focus back to the page when it scrolls there.
+window.addEventListener("load", () => focusFirstError(document));
+document.addEventListener("htmx:afterSettle", (event) => focusFirstError(event.detail.elt));

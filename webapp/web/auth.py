@@ -194,10 +194,10 @@ def create_key() -> ResponseReturnValue:
     return response
 
 
-@bp.post("/account/keys/<int:key_id>/revoke")
+@bp.route("/account/keys/<int:key_id>/revoke", methods=["GET", "POST"])
 @login_required
 def revoke_key(key_id: int) -> ResponseReturnValue:
-    """Revoke one of one's own API keys: clients using it are refused from the next request on."""
+    """Ask, then revoke one of one's own API keys: clients using it are refused from the next request on."""
     key = db.session.scalar(
         sa.select(ApiKey).where(
             ApiKey.id == key_id, ApiKey.user_id == current_user.id, ApiKey.revoked_at.is_(None)
@@ -205,6 +205,8 @@ def revoke_key(key_id: int) -> ResponseReturnValue:
     )
     if key is None:
         abort(404)
+    if request.method == "GET":
+        return render_template("auth/revoke_key.html", key=key)
     key.revoke()
     db.session.commit()
     flash(f"Revoked the key “{key.name}”: clients using it are refused from now on.")

@@ -46,7 +46,7 @@ from webapp.web import model_picker
 from webapp.web.auth import owned_or_404, readable_chat_ids, readable_chat_or_404
 from webapp.web.fragments import fragment_requested, page_or_fragment
 from webapp.web.guards import replies_limit
-from webapp.web.markdown import render_markdown
+from webapp.web.markdown import plain_text, render_markdown
 
 bp = Blueprint("chats", __name__, url_prefix="/chats")
 
@@ -106,7 +106,7 @@ class ChatRow:
         if self.last is None:
             return "No messages yet"
         who = f"{self.last.author_name}: " if self.last.role == "assistant" else ""
-        return who + " ".join(self.last.excerpt(PREVIEW_CHARS).split())
+        return who + plain_text(self.last.content, PREVIEW_CHARS)
 
 
 def _chat_rows(discarded: bool = False, limit: int | None = None) -> list[ChatRow]:
@@ -468,7 +468,10 @@ def retry(chat_id: int, message_id: int) -> ResponseReturnValue:
 
 
 def _latest_id(chat: Chat) -> int | None:
-    return db.session.scalar(sa.select(sa.func.max(Message.id)).where(Message.chat_id == chat.id))
+    """The chat's last turn: its latest message, a notice ("Ana added Ben to the conversation") aside."""
+    return db.session.scalar(
+        sa.select(sa.func.max(Message.id)).where(Message.chat_id == chat.id, Message.role != "system")
+    )
 
 
 @bp.post("/<int:chat_id>/messages/<int:message_id>/stop")
@@ -501,11 +504,11 @@ def regenerate(chat_id: int, message_id: int) -> ResponseReturnValue:
 
 
 def _editable(chat: Chat, message_id: int) -> Message:
-    """Your own last message: after it come only agents' replies to it."""
+    """Your own last message: after it come only agents' replies to it (and notices, which are no turn)."""
     found = _message_in(chat, message_id)
     later_other = db.session.scalar(
         sa.select(sa.func.count(Message.id)).where(
-            Message.chat_id == chat.id, Message.id > found.id, Message.role != "assistant"
+            Message.chat_id == chat.id, Message.id > found.id, Message.role.not_in(("assistant", "system"))
         )
     )
     if found.role != "user" or found.user_id != current_user.id or later_other:
@@ -530,8 +533,10 @@ def edit_message(chat_id: int, message_id: int) -> ResponseReturnValue:
         )
         return html, 422
     replies = db.session.scalars(
-        sa.select(Message).where(Message.chat_id == chat.id, Message.id > found.id).order_by(Message.id)
-    ).all()
+        sa.select(Message)
+        .where(Message.chat_id == chat.id, Message.id > found.id, Message.role == "assistant")
+        .order_by(Message.id)
+    ).all()  # a notice among them stays: someone was added, whatever is said again
     answered = [r.agent for r in replies if r.agent is not None]
     for reply in replies:
         stop_reply(reply)
@@ -743,16 +748,19 @@ def visibility(chat_id: int) -> ResponseReturnValue:
     if wanted == chat.visibility:  # the switch's current side: nothing to change
         return redirect(url_for("chats.show", chat_id=chat.id), code=303)
     _governed(chat)
-    if wanted == "shared" and (why := _not_widened(chat, None, "not everyone of the account may read")):
+    everyone = current_user.account.name  # the words of the switch: "Only its people" | "Everyone in Acme"
+    if wanted == "shared" and (why := _not_widened(chat, None, f"not everyone in {everyone} may read")):
         db.session.rollback()
-        return _back_to(chat, f"Not shared: {why} Start a new chat to talk with everyone.")
+        return _back_to(
+            chat, f"Not opened to everyone in {everyone}: {why} Start a new chat to talk with everyone."
+        )
     chat.visibility = wanted
     if chat.is_private:
-        said = "Private: only this chat's people can read it now."
-        notice = f"{current_user.display_name} made this chat private: only its people can read it."
+        said = "Only this chat's people can read it now."
+        notice = f"{current_user.display_name} made this chat readable by its people only."
     else:
-        said = "Shared: everyone of the account can read this chat now."
-        notice = f"{current_user.display_name} shared this chat with everyone of the account."
+        said = f"Everyone in {everyone} can read this chat now."
+        notice = f"{current_user.display_name} opened this chat to everyone in {everyone}."
     return _back_to(chat, said, notice)
 
 

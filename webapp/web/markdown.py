@@ -3,6 +3,7 @@
 The one attribute added to the sanitizer's defaults is a fenced block's language (`<code class="language-python">`),
 which the browser's highlighter reads; any other class, on any element, is dropped."""
 
+import html
 import re
 
 import nh3
@@ -33,3 +34,11 @@ def sanitize(html: str) -> str:
 
 def render_markdown(text: str) -> Markup:
     return Markup(sanitize(_md.render(text or "")))
+
+
+def plain_text(text: str, limit: int) -> str:
+    """What the Markdown says without its marks (`**bold**` is "bold", a link its words), on one line, cut to at
+    most `limit` characters with an ellipsis. Only the start is read: a preview needs no more."""
+    rendered = nh3.clean(_md.render((text or "")[: limit * 20]), tags=set())
+    words = " ".join(html.unescape(rendered).split())
+    return words if len(words) <= limit else words[: limit - 1].rstrip() + "…"
