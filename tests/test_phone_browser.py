@@ -88,7 +88,11 @@ def _a_full_account(fake_llm) -> dict:
     factories.llm_call(ada, prompt_tokens=1200, completion_tokens=300)
     db.session.commit()
     for call in (
-        {"action": "consolidate", "ids": f"{roses.id},{climbers.id}", "content": "Dana grows climbing roses."},
+        {
+            "action": "consolidate",
+            "ids": f"{roses.id},{climbers.id}",
+            "content": "Dana grows climbing roses.",
+        },
         {"action": "complete", "summary": "Merged the roses."},
     ):
         fake_llm.reply(tool_calls=[("refine_memory", call)])

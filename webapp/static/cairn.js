@@ -308,3 +308,11 @@ document.addEventListener("change", (event) => {
   if (picker.value.endsWith("|")) typed.focus();
   else typed.value = "";
 });
+
+// Something to pass on (a sign-in link, a new API key) is selected whole when it gets the focus, by a tap or the
+// keyboard, so it can be copied on a phone without picking the text out of the box.
+function selectWhole(event) {
+  if (event.target.matches?.("[data-select-on-focus]")) event.target.select();
+}
+document.addEventListener("focusin", selectWhole);
+document.addEventListener("click", selectWhole);  // the click that focused it would otherwise place the caret
