@@ -25,7 +25,7 @@ SMALLEST = 44  # px, WCAG 2.5.5's target size, which Apple's and Google's guidel
 # too, so it counts as the box around both. A link inside a sentence of a paragraph is exempt, as WCAG exempts
 # inline targets: making it 44 px high would pull the lines of its paragraph apart.
 SMALL_TARGETS = """
-() => {
+(smallest) => {
   const size = (r) => [Math.round(r.width * 10) / 10, Math.round(r.height * 10) / 10];
   const union = (a, b) => {
     const left = Math.min(a.left, b.left), top = Math.min(a.top, b.top);
@@ -44,15 +44,15 @@ SMALL_TARGETS = """
     const box = el.matches("[type=checkbox], [type=radio]") && el.labels?.[0]
       ? union(rect, el.labels[0].getBoundingClientRect()) : rect;
     const [width, height] = size(box);
-    if (width < %d || height < %d) small.push(`${name(el)} ${width}x${height}`);
+    if (width < smallest || height < smallest) small.push(`${name(el)} ${width}x${height}`);
   }
   return small;
 }
-""" % (SMALLEST, SMALLEST)
+"""
 
 
 def _small_targets(page: Page) -> list[str]:
-    return page.evaluate(SMALL_TARGETS)
+    return page.evaluate(SMALL_TARGETS, SMALLEST)
 
 
 def _sign_in(page: Page, live_server: str, email: str) -> None:

@@ -191,9 +191,9 @@ async function copyText(text, button) {
     document.execCommand("copy");
     area.remove();
   }
-  const label = button.textContent;
+  const label = [...button.childNodes];  // its words back afterwards, a visually hidden part kept hidden
   button.textContent = "Copied";
-  setTimeout(() => { button.textContent = label; }, 1500);
+  setTimeout(() => button.replaceChildren(...label), 1500);
 }
 
 document.addEventListener("click", (event) => {
@@ -201,7 +201,7 @@ document.addEventListener("click", (event) => {
   if (!button) return;
   const source = button.matches(".copy-code") ? button.parentElement.querySelector("code, pre")
     : document.querySelector(button.dataset.copy);
-  if (source) copyText(source instanceof HTMLTextAreaElement ? source.value : source.innerText, button);
+  if (source) copyText(source.matches("textarea, input") ? source.value : source.innerText, button);
 });
 
 function addCodeCopyButtons(root) {
