@@ -3,8 +3,8 @@ account as a new agent, reproducing it field by field; bad files refused whole; 
 the upload form, the --agent option, and Letta .af files."""
 
 import io
-import re
 import json
+import re
 from datetime import timedelta
 from pathlib import Path
 
