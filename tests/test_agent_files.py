@@ -4,6 +4,7 @@ the upload form, the --agent option, and Letta .af files."""
 
 import io
 import json
+import re
 from datetime import timedelta
 from pathlib import Path
 
@@ -495,16 +496,83 @@ def test_upload_of_a_bad_file_says_why_and_changes_nothing(client, signed_in, ru
     text = runner.invoke(args=["agents", "export", "Ada"]).stdout
     before = _counts()
 
-    clash = client.post("/agents/import", data={"file": (io.BytesIO(text.encode()), "ada.cairn.json")})
     cut = client.post("/agents/import", data={"file": (io.BytesIO(text[:100].encode()), "ada.cairn.json")})
 
-    assert (
-        clash.status_code == 422
-        and "An agent named &#39;Ada&#39; is in account &#39;Acme&#39; already. Give it another name here."
-        in clash.text
-    )
-    assert cut.status_code == 422 and "not complete JSON" in cut.text
+    assert cut.status_code == 422 and "not complete JSON (was it cut short?)" in cut.text
+    assert 'id="kept-file"' not in cut.text  # a refused file is not kept
     assert _counts() == before
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (b"name,email\nAda,ada@example.com\n", "The file is not an agent file: it is not JSON."),
+        (
+            b'{"openapi": "3.1.0", "paths": {}}',
+            "The file is not an agent file: it is JSON, but not an agent&#39;s.",
+        ),
+        (
+            b'[{"role": "user", "content": "hi"}]',
+            "The file is not an agent file: it is JSON, but not an agent&#39;s.",
+        ),
+        (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff", "The file is not an agent file: it is not text."),
+    ],
+    ids=["csv", "json-of-another-shape", "json-list", "image"],
+)
+def test_a_file_that_is_not_an_agent_file_says_so(client, signed_in, content, says):
+    before = _counts()
+
+    response = client.post("/agents/import", data={"file": (io.BytesIO(content), "notes.json")})
+
+    assert response.status_code == 422
+    assert says in response.text and "Download button saves" in response.text
+    assert "cut short" not in response.text
+    assert _counts() == before
+
+
+def test_a_taken_name_offers_the_next_free_one_and_keeps_the_file(client, signed_in, runner, ada, app):
+    text = runner.invoke(args=["agents", "export", "Ada"]).stdout
+    factories.agent(signed_in.account, "Ada 2")
+    before = _counts()
+
+    clash = client.post("/agents/import", data={"file": (io.BytesIO(text.encode()), "ada.cairn.json")})
+
+    assert clash.status_code == 422 and _counts() == before
+    assert "An agent named &#39;Ada&#39; is in account &#39;Acme&#39; already." in clash.text
+    assert "“Ada 3” is free: import it under that name, or give it another." in clash.text
+    assert _input_value(clash.text, "name") == "Ada 3"
+    assert re.search(r'id="kept-file"[^>]*>The file <strong>ada.cairn.json</strong> is kept', clash.text)
+    kept = _input_value(clash.text, "kept")
+    assert kept
+
+    # The name alone, with no file chosen again: the kept file is imported under it.
+    response = client.post("/agents/import", data={"kept": kept, "name": "Ada 3"})
+
+    copy = db.session.scalar(sa.select(Agent).where(Agent.name == "Ada 3"))
+    assert response.status_code == 303 and response.headers["Location"] == f"/admin/agents/{copy.id}/memories"
+    assert not app.extensions["redis"].keys("cairn:agent-upload:*")  # used: no longer kept
+    again = client.post("/agents/import", data={"kept": kept, "name": "Ada 4"})
+    assert again.status_code == 422 and "Choose a file." in again.text
+
+
+def _input_value(html: str, input_id: str) -> str:
+    tag = re.search(rf'<input[^>]*\bid="{input_id}"[^>]*>', html).group(0)
+    return re.search(r'\bvalue="([^"]*)"', tag).group(1)
+
+
+def test_a_kept_file_is_its_uploaders_only_and_expires(client, signed_in, auth, runner, ada, app):
+    text = runner.invoke(args=["agents", "export", "Ada"]).stdout
+    clash = client.post("/agents/import", data={"file": (io.BytesIO(text.encode()), "ada.cairn.json")})
+    kept = _input_value(clash.text, "kept")
+    (key,) = app.extensions["redis"].keys("cairn:agent-upload:*")
+    assert 0 < app.extensions["redis"].ttl(key) <= 3600
+
+    other = factories.user(signed_in.account, "omar@example.com", "admin")
+    auth.login(other)
+    refused = client.post("/agents/import", data={"kept": kept, "name": "Ada 3"})
+
+    assert refused.status_code == 422 and "Choose a file." in refused.text
+    assert db.session.scalar(sa.select(Agent).where(Agent.name == "Ada 3")) is None
 
 
 def test_members_may_neither_download_nor_upload(client, auth, member, ada):

@@ -2,12 +2,15 @@
 /account/password now leads); `flask api-keys` does the same for scripts; a key acts as its person through
 `Authorization: Bearer`, and its last use is written at most once a minute."""
 
+import html
+import json
 import re
 from datetime import timedelta
 
 import pytest
 import sqlalchemy as sa
 import time_machine
+import yaml
 
 from tests import factories
 from tests.test_first_hour_browser import check_page, size, tap  # noqa: F401  (size: the viewport fixture)
@@ -22,9 +25,9 @@ def _make(client, name: str = "Open WebUI"):
 
 
 def _secret(page: str) -> str:
-    return re.search(r'<textarea id="new-key-secret" rows="2" readonly>(cairn_[^<]+)</textarea>', page).group(
-        1
-    )
+    return re.search(
+        r'<textarea id="new-key-secret" rows="2" readonly[^>]*>(cairn_[^<]+)</textarea>', page
+    ).group(1)
 
 
 def test_the_account_page_holds_name_password_and_keys_and_the_old_url_leads_there(client, auth, member):
@@ -55,6 +58,69 @@ def test_a_new_key_is_shown_once_then_listed_by_its_first_characters(client, aut
     assert secret not in later and secret not in key.key_hash  # stored as its SHA-256 only
     assert f"<code>{key.shown}…</code>" in later and "Open WebUI" in later and "never used" in later
     assert ApiKey.find(secret) == key
+
+
+def _config(page: str, name: str) -> str:
+    """The text of one ready-made config of the account page, as its Copy button copies it."""
+    return html.unescape(
+        re.search(rf'<pre id="config-{name}" tabindex="0"><code>(.*?)</code></pre>', page, re.S).group(1)
+    )
+
+
+def test_the_account_page_gives_the_addresses_and_ready_configs_at_the_requests_host(client, auth, member):
+    factories.agent(member.account, "Ada Lovelace")
+    factories.agent(member.account, "Basil")
+    auth.login(member)
+
+    page = client.get("/account", base_url="https://cairn.example.com").text
+
+    assert 'id="api-base" type="text" readonly value="https://cairn.example.com/v1"' in page
+    assert 'value="https://cairn.example.com/mcp/ada-lovelace"' in page and 'data-copy="#mcp-basil"' in page
+    openai = _config(page, "openai")
+    compile(openai, "config", "exec")
+    assert (
+        'base_url="https://cairn.example.com/v1", api_key="cairn_..."' in openai
+        and 'model="ada-lovelace"' in openai
+    )
+    assert _config(page, "open-webui").splitlines() == [
+        "OPENAI_API_BASE_URL=https://cairn.example.com/v1",
+        "OPENAI_API_KEY=cairn_...",
+    ]
+    (librechat,) = yaml.safe_load(_config(page, "librechat"))["endpoints"]["custom"]
+    assert librechat["baseURL"] == "https://cairn.example.com/v1" and librechat["apiKey"] == "cairn_..."
+    assert librechat["models"]["default"] == ["ada-lovelace", "basil"] and librechat["dropParams"] == ["user"]
+    assert yaml.safe_load(_config(page, "llm")) == [
+        {
+            "model_id": f"cairn-{slug}",
+            "model_name": slug,
+            "api_base": "https://cairn.example.com/v1",
+            "api_key_name": "cairn",
+        }
+        for slug in ("ada-lovelace", "basil")
+    ]
+    assert json.loads(_config(page, "mcp")) == {
+        "mcpServers": {
+            "cairn-ada-lovelace": {
+                "type": "http",
+                "url": "https://cairn.example.com/mcp/ada-lovelace",
+                "headers": {"Authorization": "Bearer cairn_..."},
+            }
+        }
+    }
+    for name in ("openai", "open-webui", "librechat", "llm", "mcp"):
+        assert f'data-copy="#config-{name}"' in page
+
+
+def test_the_configs_hold_a_new_key_while_it_is_shown(client, auth, member):
+    factories.agent(member.account, "Ada")
+    auth.login(member)
+
+    made = _make(client)
+
+    secret = _secret(made.text)
+    assert f'api_key="{secret}"' in _config(made.text, "openai")
+    assert f'"Bearer {secret}"' in _config(made.text, "mcp")
+    assert secret not in client.get("/account").text
 
 
 def test_a_key_needs_a_name_of_at_most_80_characters(client, auth, member):

@@ -1,7 +1,9 @@
 """The people of an account: an admin adds them (with a password or a sign-in link), changes their role and
 removes them (signed out at once, unable to sign in, their chats kept); members see only their names."""
 
+import html
 import re
+from urllib.parse import parse_qs, unquote
 
 import pytest
 import sqlalchemy as sa
@@ -114,6 +116,30 @@ def test_a_sign_in_link_lets_the_new_person_choose_a_password_once(app, client, 
 
     assert app.test_client().get(link).status_code == 404  # used: it works once
     assert _sign_in(app.test_client(), "sam@example.com", NEW_PASSWORD).status_code == 303
+
+
+def test_a_sign_in_link_can_be_copied_or_sent_by_e_mail(client, auth, admin):
+    admin.name = "Dana Reyes"
+    db.session.commit()
+    auth.login(admin)
+
+    shown = client.post(
+        "/people/new", data={"name": "Sam Lee", "email": "sam+cairn@example.com", "role": "member"}
+    )
+
+    link = _link(shown.text)
+    assert 'data-copy="#sign-in-link"' in shown.text and "data-select-on-focus" in shown.text
+    mailto = html.unescape(
+        re.search(r'<a class="button" href="(mailto:[^"]+)">E-mail it to Sam Lee</a>', shown.text).group(1)
+    )
+    address, _, query = mailto.removeprefix("mailto:").partition("?")
+    fields = parse_qs(query)
+    assert unquote(address) == "sam+cairn@example.com" and "+" not in address
+    assert fields["subject"] == ["Your sign-in link for Acme on Cairn"]
+    body = fields["body"][0]
+    assert body.startswith("Hello Sam Lee,\r\n\r\nDana Reyes added you to Acme on Cairn.")
+    assert f"\r\n{link}\r\n" in body.replace("http://localhost", "")
+    assert "It works once, within 7 days. From then on you sign in as sam+cairn@example.com" in body
 
 
 def test_a_new_sign_in_link_voids_the_earlier_one_and_none_is_made_for_a_password(

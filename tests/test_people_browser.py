@@ -7,6 +7,7 @@ from playwright.sync_api import expect
 
 from tests import factories
 from tests.test_first_hour_browser import check_page, size, tap  # noqa: F401  (size: the viewport fixture)
+from tests.test_phone_browser import open_menu
 from webapp.extensions import db
 
 pytestmark = pytest.mark.browser
@@ -22,6 +23,7 @@ def test_an_admin_adds_promotes_and_removes_a_person(page, size, browser, live_s
     page.get_by_label("Email").fill("dana@example.com")
     page.get_by_label("Password").fill(factories.PASSWORD)
     tap(page.get_by_role("button", name="Sign in"))
+    open_menu(page)
     tap(page.get_by_role("link", name="People"))
     expect(page.get_by_role("heading", name="People", level=1)).to_be_visible()
     check_page(page, size, "people-01-list")

@@ -493,7 +493,7 @@ def test_the_pending_count_links_to_the_review_page(client, signed_in, admin, ad
     listing = client.get("/admin/proposals").text
 
     assert f'href="/admin/proposals/{proposal.id}" class="review-count"' in page
-    assert '<span class="count">1</span> to review' in page
+    assert '<span class="count">1</span><span class="words"> to review</span>' in page
     assert "awaits review" in ledger and f"/admin/proposals/{proposal.id}" in ledger
     assert f"Delete #{a.id}" in review and "<del>Memory a" in review and "Apply ticked changes" in review
     assert f"proposal-{proposal.id}" in listing

@@ -105,27 +105,40 @@ def read(raw: bytes | str, caps: dict[str, int] = FILE_CAPS) -> dict[str, Any]:
     file. A Letta .af file is read as the agent it describes."""
     try:
         text = raw.decode("utf-8-sig") if isinstance(raw, bytes) else raw
-    except UnicodeDecodeError as error:
-        raise AgentFileError(f"The file is not UTF-8 text (byte {error.start}).") from None
+    except UnicodeDecodeError:
+        raise AgentFileError(f"The file is not an agent file: it is not text. {_WHAT_IT_IS}") from None
     try:
         document = json.loads(text)
         if isinstance(document, str):  # Letta's export saved as a JSON string of JSON
             document = json.loads(document)
     except json.JSONDecodeError as error:
-        raise AgentFileError(
-            f"The file is not complete JSON (was it cut short?): {error.msg} at line {error.lineno}, "
-            f"column {error.colno}."
-        ) from None
+        raise AgentFileError(_not_json(text, error)) from None
     except RecursionError:
         raise AgentFileError(_TOO_DEEP) from None
     _check_depth(document)
-    if not isinstance(document, dict):
-        raise AgentFileError("The file is not a Cairn agent file: its JSON is not an object.")
+    if not isinstance(document, dict) or (
+        document.get("format") != FORMAT and not letta.is_agent_file(document)
+    ):
+        raise AgentFileError(f"The file is not an agent file: it is JSON, but not an agent's. {_WHAT_IT_IS}")
     if document.get("format") != FORMAT:
-        if letta.is_agent_file(document):
-            return check(letta.to_cairn(document), caps)
-        raise AgentFileError(f'The file is not a Cairn agent file: it does not say "format": "{FORMAT}".')
+        return check(letta.to_cairn(document), caps)
     return check(document, caps)
+
+
+_WHAT_IT_IS = (
+    "An agent file is what an agent's Download button saves (a .cairn.json file, whose JSON says "
+    f'"format": "{FORMAT}"), or a Letta agent file (.af).'
+)
+
+
+def _not_json(text: str, error: json.JSONDecodeError) -> str:
+    """Why text is not JSON: JSON cut short (its error at the very end), JSON broken inside, or no JSON at all."""
+    if not text.lstrip().startswith(("{", "[", '"')):
+        return f"The file is not an agent file: it is not JSON. {_WHAT_IT_IS}"
+    where = f"{error.msg} at line {error.lineno}, column {error.colno}."
+    if error.pos >= len(text.rstrip()) or error.msg.startswith("Unterminated string"):  # it runs to the end
+        return f"The file is not complete JSON (was it cut short?): {where}"
+    return f"The file is not valid JSON: {where}"
 
 
 _TOO_DEEP = f"The file's JSON nests deeper than {MAX_DEPTH} levels; an agent file never does."

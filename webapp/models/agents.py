@@ -82,6 +82,21 @@ class Agent(db.Model):
             slug = f"{base}-{n}"
         return slug
 
+    @staticmethod
+    def free_name(account_id: int, name: str) -> str:
+        """The next name like `name` that no agent of the account has (case aside): "Ada 2", "Ada 3", …
+        ("Ada 2" taken too leads to "Ada 3", not "Ada 2 2"), within NAME_MAX_CHARS."""
+        taken = {
+            n.lower() for n in db.session.scalars(sa.select(Agent.name).where(Agent.account_id == account_id))
+        }
+        base, _, number = name.rpartition(" ")
+        base, n = (base, int(number)) if base and number.isdigit() else (name, 1)
+        candidate = name
+        while candidate.lower() in taken:
+            n += 1
+            candidate = f"{base[: NAME_MAX_CHARS - len(str(n)) - 1].rstrip()} {n}"
+        return candidate
+
     def memory_visible_to(self, user: User) -> str:
         """What this user may see of the agent's memory from a chat: "prompt", "core" or "none"."""
         return "prompt" if user.is_admin else self.members_see_memory

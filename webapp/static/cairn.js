@@ -191,9 +191,9 @@ async function copyText(text, button) {
     document.execCommand("copy");
     area.remove();
   }
-  const label = button.textContent;
+  const label = [...button.childNodes];  // its words back afterwards, a visually hidden part kept hidden
   button.textContent = "Copied";
-  setTimeout(() => { button.textContent = label; }, 1500);
+  setTimeout(() => button.replaceChildren(...label), 1500);
 }
 
 document.addEventListener("click", (event) => {
@@ -201,7 +201,7 @@ document.addEventListener("click", (event) => {
   if (!button) return;
   const source = button.matches(".copy-code") ? button.parentElement.querySelector("code, pre")
     : document.querySelector(button.dataset.copy);
-  if (source) copyText(source instanceof HTMLTextAreaElement ? source.value : source.innerText, button);
+  if (source) copyText(source.matches("textarea, input") ? source.value : source.innerText, button);
 });
 
 function addCodeCopyButtons(root) {
@@ -326,3 +326,11 @@ function focusFirstError(root) {
 // On load: a URL's #fragment (the key form's action) takes the focus back to the page when it scrolls there.
 window.addEventListener("load", () => focusFirstError(document));
 document.addEventListener("htmx:afterSettle", (event) => focusFirstError(event.detail.elt));
+
+// Something to pass on (a sign-in link, a new API key) is selected whole when it gets the focus, by a tap or the
+// keyboard, so it can be copied on a phone without picking the text out of the box.
+function selectWhole(event) {
+  if (event.target.matches?.("[data-select-on-focus]")) event.target.select();
+}
+document.addEventListener("focusin", selectWhole);
+document.addEventListener("click", selectWhole);  // the click that focused it would otherwise place the caret

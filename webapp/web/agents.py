@@ -1,15 +1,19 @@
 """Agents: list, create, edit, download as a file and upload one (admins only)."""
 
 import json
+import secrets
+from dataclasses import dataclass
 
 import sqlalchemy as sa
 from flask import Blueprint, Response, current_app, flash, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 from flask_login import current_user
 from flask_wtf import FlaskForm
-from flask_wtf.file import FileField, FileRequired
+from flask_wtf.file import FileField
+from redis.exceptions import RedisError
 from wtforms import (
     BooleanField,
+    HiddenField,
     IntegerField,
     RadioField,
     SelectField,
@@ -21,11 +25,12 @@ from wtforms import (
 from wtforms.fields.choices import SelectChoice
 from wtforms.validators import DataRequired, Length, NumberRange, Optional, Regexp, ValidationError
 
-from webapp.agent_files.errors import AgentFileError, NameRefused
+from webapp.agent_files.errors import AgentFileError, NameRefused, NameTaken
 from webapp.agent_files.export import export_agent, record_export
 from webapp.agent_files.restore import import_agent, read
 from webapp.agent_files.schema import UPLOAD_CAPS
 from webapp.extensions import db
+from webapp.jobs.queue import redis_connection
 from webapp.models import Agent
 from webapp.models.agents import (
     DEFAULT_CORE_TOKEN_BUDGET,
@@ -134,8 +139,14 @@ class AgentForm(FlaskForm):
             raise ValidationError("Another agent already has this name.")
 
 
+# A file refused for its name is kept (in the app's Redis, shared by every web process) this long, under a token
+# the re-rendered form carries: the admin gives another name without choosing the file again.
+KEEP_UPLOAD_SECONDS = 3600
+
+
 class ImportForm(FlaskForm):
-    file = FileField("Agent file (.cairn.json, or a Letta .af)", validators=[FileRequired("Choose a file.")])
+    file = FileField("Agent file (.cairn.json, or a Letta .af)")
+    kept = HiddenField(validators=[Length(max=64)])
     name = StringField(
         "Name here (empty: the file's)",
         validators=[Optional(), Length(max=NAME_MAX_CHARS), Regexp(NAME_PATTERN, message=NAME_RULE)],
@@ -161,22 +172,84 @@ def _index_page(form: ImportForm) -> str:
 @guards.accepts_upload("AGENT_FILE_MAX_BYTES")
 @admin_required
 def import_file() -> ResponseReturnValue:
-    """Restore an agent from an uploaded file as a new agent of the account, or say why the file is refused."""
+    """Restore an agent from an uploaded file as a new agent of the account, or say why the file is refused; a
+    file refused for its name is kept, and a free name offered."""
     form = ImportForm()
-    if form.validate_on_submit():
+    valid = form.validate_on_submit()
+    upload = _chosen_file(form)
+    if upload is None:
+        form.file.errors = [*form.file.errors, "Choose a file."]
+    elif valid:
         try:
-            document = read(form.file.data.read(), UPLOAD_CAPS)
+            document = read(upload.raw, UPLOAD_CAPS)
             imported = import_agent(
                 document, current_user.account, name=form.name.data or None, by=current_user, via="web"
             )
+        except NameTaken as refusal:
+            form.name.data = Agent.free_name(
+                current_user.account_id, form.name.data or document["agent"]["name"]
+            )
+            form.name.errors = [
+                f"{refusal} “{form.name.data}” is free: import it under that name, or give it another."
+            ]
         except NameRefused as refusal:
             form.name.errors = [*form.name.errors, f"{refusal} Give it another name here."]
         except AgentFileError as refusal:
             form.file.errors = [*form.file.errors, f"{refusal} Nothing was imported."]
+            upload = None
         else:
+            _forget(upload)
             flash(imported.summary())
             return redirect(url_for("admin.ledger", agent_id=imported.agent.id), code=303)
+    if upload is not None:
+        form.kept.data, form.kept_filename = _keep(upload), upload.filename
     return _index_page(form), 422
+
+
+@dataclass
+class _Upload:
+    filename: str
+    raw: bytes
+    token: str = ""
+
+
+def _chosen_file(form: ImportForm) -> _Upload | None:
+    """The file chosen now, else the one kept from the upload before (None: neither, or it is no longer kept)."""
+    if form.file.data and form.file.data.filename:
+        return _Upload(form.file.data.filename, form.file.data.read())
+    if not form.kept.data:
+        return None
+    try:
+        kept = redis_connection().hgetall(_kept_key(form.kept.data))
+    except RedisError:
+        return None
+    return _Upload(kept[b"filename"].decode(), kept[b"raw"], form.kept.data) if kept else None
+
+
+def _keep(upload: _Upload) -> str:
+    """Keep the upload for KEEP_UPLOAD_SECONDS; its token ("" when Redis cannot keep it: choose it again)."""
+    token = upload.token or secrets.token_urlsafe(16)
+    try:
+        with redis_connection().pipeline() as pipe:
+            pipe.hset(_kept_key(token), mapping={"filename": upload.filename, "raw": upload.raw})
+            pipe.expire(_kept_key(token), KEEP_UPLOAD_SECONDS)
+            pipe.execute()
+    except RedisError:
+        return ""
+    return token
+
+
+def _forget(upload: _Upload) -> None:
+    if upload.token:
+        try:
+            redis_connection().delete(_kept_key(upload.token))
+        except RedisError:
+            pass  # it expires by itself
+
+
+def _kept_key(token: str) -> str:
+    """Under the person's id: a token reaches only its own uploader's file."""
+    return f"cairn:agent-upload:{current_user.id}:{token}"
 
 
 @bp.post("/<int:agent_id>/export")

@@ -232,9 +232,18 @@ def _account_page(
         .where(ApiKey.user_id == current_user.id, ApiKey.revoked_at.is_(None))
         .order_by(ApiKey.created_at.desc(), ApiKey.id.desc())
     ).all()
-    api_base = url_for("api.models", _external=True).removesuffix("/models")
+    agents = db.session.scalars(
+        sa.select(Agent).where(Agent.account_id == current_user.account_id).order_by(Agent.name)
+    ).all()
     html = render_template(
-        "auth/account.html", keys=keys, new_key=new_key, secret=secret, api_base=api_base, **forms
+        "auth/account.html",
+        keys=keys,
+        new_key=new_key,
+        secret=secret,
+        agents=agents,
+        api_base=url_for("api.models", _external=True).removesuffix("/models"),  # at the request's own host
+        mcp_base=url_for("mcp.relay", _external=True).rstrip("/"),
+        **forms,
     )
     failed = any(f.errors for f in forms.values())
     return Response(html, status=422 if failed else 200)

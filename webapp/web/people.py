@@ -1,6 +1,8 @@
 """The people of an account (admins only): add one with a password or a sign-in link, change a role, remove
 one and take them back. And the page a sign-in link opens, where a new person chooses their password."""
 
+from urllib.parse import quote
+
 import sqlalchemy as sa
 from flask import Blueprint, Response, current_app, flash, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
@@ -130,9 +132,28 @@ def _link_page(person: User, new: bool) -> ResponseReturnValue:
     token = person.invite()
     db.session.commit()
     url = url_for("people.welcome", token=token, _external=True)
-    return _private(
-        render_template("people/link.html", person=person, url=url, new=new, days=INVITE_DAYS), 200
+    html = render_template(
+        "people/link.html", person=person, url=url, new=new, days=INVITE_DAYS, mailto=_mailto(person, url)
     )
+    return _private(html, 200)
+
+
+def _mailto(person: User, url: str) -> str:
+    """An e-mail to the person with their sign-in link, for the admin's own mail app to send (RFC 6068)."""
+    account = current_user.account.name
+    lines = [
+        f"Hello {person.display_name},",
+        "",
+        f"{current_user.display_name} added you to {account} on Cairn. Open this link to choose your password "
+        "and sign in:",
+        "",
+        url,
+        "",
+        f"It works once, within {INVITE_DAYS} days. From then on you sign in as {person.email} with your password.",
+    ]
+    subject = f"Your sign-in link for {account} on Cairn"
+    body = "\r\n".join(lines)
+    return f"mailto:{quote(person.email, safe='@')}?subject={quote(subject)}&body={quote(body)}"
 
 
 @bp.post("/people/<int:user_id>/role")
