@@ -4,7 +4,7 @@ moved it marked by kind in lanes under both. Its words (title, description, lege
 reader reads; the drawing itself carries no text, so it scales to a phone."""
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
 from flask import current_app
@@ -76,9 +76,32 @@ class Chart:
         return max(self.x(self.history.now - DRIFT_WINDOW), 0)
 
     def mark_at(self, mark: Mark) -> tuple[float, float]:
-        """The centre of a mark: its day across, its kind's lane down."""
+        """The centre of a mark: the middle of its stretch of time across, its kind's lane down."""
         lane = KINDS.get(mark.kind, KINDS["changed"])[0]
-        return max(min(self.x(mark.day), WIDTH - 5), 5), LANE_TOP + LANE_HEIGHT * lane + LANE_HEIGHT / 2
+        across = self.x(mark.at + self.history.bucket / 2)
+        return max(min(across, WIDTH - 5), 5), LANE_TOP + LANE_HEIGHT * lane + LANE_HEIGHT / 2
+
+    def mark_title(self, mark: Mark) -> str:
+        """When a mark's changes were made, in words (UTC): its day, or its stretch of a day."""
+        when = f"on {mark.at:%Y-%m-%d}"
+        if self.history.bucket < timedelta(days=1):
+            when += f", {mark.at:%H:%M}–{mark.at + self.history.bucket:%H:%M} UTC"
+        return f"{mark.changes} {mark.kind} {when}"
+
+    @property
+    def young(self) -> bool:
+        """The agent is younger than the chart's days: the chart starts at its first memory."""
+        return self.history.young
+
+    @property
+    def dates(self) -> list[tuple[float, str]]:
+        """The dates under the chart, as (percent across, words): where it starts, its middle, and now; with the
+        time of day when it spans less than two days."""
+        since, now = self.history.since, self.history.now
+        middle = since + (now - since) / 2
+        if now - since >= timedelta(days=2):
+            return [(0, f"{since:%Y-%m-%d}"), (50, f"{middle:%Y-%m-%d}"), (100, "now")]
+        return [(0, f"{since:%Y-%m-%d %H:%M}"), (50, f"{middle:%H:%M}"), (100, "now")]
 
     @property
     def legend(self) -> list[tuple[str, str, int]]:
@@ -87,12 +110,18 @@ class Chart:
         return [(kind, KINDS.get(kind, KINDS["changed"])[1], counted[kind]) for kind in counted]
 
     @property
+    def heading(self) -> str:
+        if self.young:
+            return f"Core memory since its first memory ({self.history.since:%Y-%m-%d})"
+        return f"Core memory, last {CHART_DAYS} days"
+
+    @property
     def description(self) -> str:
         """The chart in words."""
         first, last = self.history.points[0], self.history.points[-1]
         changes = ", ".join(f"{n} {name}" for _kind, name, n in self.legend) or "no changes"
         return (
-            f"Core memory from {first.at:%Y-%m-%d}: {first.count} memories, {first.tokens:,} tokens; now "
+            f"Core memory from {self.dates[0][1]}: {first.count} memories, {first.tokens:,} tokens; now "
             f"{last.count} memories, {last.tokens:,} tokens (budget {self.budget:,}). Changes that moved it: "
             f"{changes}."
         )

@@ -11,6 +11,7 @@ from flask_login import current_user
 
 from webapp.extensions import db
 from webapp.models import Agent, AuditLog, User
+from webapp.models.audit import FORGOTTEN_VIA
 
 LABELS = {
     "memory_create": "created",
@@ -102,6 +103,8 @@ class Entry:
 
     @property
     def label(self) -> str:
+        if self.row.action == "memory_delete" and self.via == FORGOTTEN_VIA:
+            return "forgotten on its chat's memory page"
         return LABELS.get(self.row.action, self.row.action.replace("_", " "))
 
     @property

@@ -327,10 +327,12 @@ def _ledger_url(memory: AgentMemory) -> str:
 
 
 def _changed(memory: AgentMemory, done: str, **extra: Any):
-    """The memory's new row, the token bar and tab counts out of band; a plain form post goes back to the ledger."""
+    """The memory's new row, the token bar, tab counts and drift chart out of band; a plain form post goes back to
+    the ledger."""
     now = utcnow()
     context = dict(memory=memory, now=now, tokens=_core_tokens(memory.agent), agent=memory.agent)
     context.update(provenance([memory]), counts=_counts(memory.agent_id, now))
+    context.update(drift_context(memory.agent) if from_htmx() else {})
     return answer("memories/_changed.html", 200, _ledger_url(memory), done, **context, **extra)
 
 

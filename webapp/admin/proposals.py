@@ -14,6 +14,7 @@ from sqlalchemy.orm import selectinload
 
 from webapp.admin.common import bp
 from webapp.admin.entries import word_diff
+from webapp.admin.provenance import chat_labels
 from webapp.extensions import db
 from webapp.models import AgentMemory, MemoryProposal, ProposedChange
 from webapp.models.memories import core_token_usage
@@ -54,6 +55,24 @@ class Review:
         if self.change.kind != "rewrite":
             return None
         return word_diff(self.parts[0]["content"], self.change.content or "")
+
+    @property
+    def tokens(self) -> str:
+        """The change's own difference in core tokens, and where it comes from (not the core memory's total)."""
+        change = self.change
+        moved = change.tokens_after - change.tokens_before
+        difference = f"{'+' if moved > 0 else '−' if moved else '±'}{abs(moved):,} tokens"
+        held = f"{change.tokens_before:,}"
+        if change.kind == "merge":
+            parts = (
+                f"its {len(change.memory_ids)} memories hold {held}, the merged one {change.tokens_after:,}"
+            )
+        elif change.kind == "rewrite":
+            parts = f"the memory holds {held}, rewritten {change.tokens_after:,}"
+        else:
+            one = len(change.memory_ids) == 1
+            parts = f"the {'memory' if one else 'memories'} it deletes {'holds' if one else 'hold'} {held}"
+        return f"This change: {difference} ({parts})"
 
     @property
     def title(self) -> str:
@@ -117,6 +136,7 @@ def _review_context(proposal: MemoryProposal, **extra: Any) -> dict[str, Any]:
     usage = core_token_usage(proposal.agent_id)
     applicable = sum(r.change.saves for r in reviews if not r.problem)
     context = dict(proposal=proposal, agent=proposal.agent, reviews=reviews, now=now, form=DecisionForm())
+    context["chats"] = chat_labels({m.chat_id for m in memories.values()} - {None})
     context.update(usage=usage, usage_after=usage - applicable, status=proposal.status_at(now))
     return context | extra
 

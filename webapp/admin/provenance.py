@@ -21,10 +21,13 @@ from webapp.admin.common import bp
 from webapp.extensions import db
 from webapp.models import AgentMemory, AuditLog, Chat, ChatPerson, Message, ReplySources, User
 from webapp.models.access import readable_chats
+from webapp.models.audit import FORGOTTEN_VIA
 from webapp.web.auth import admin_required
 
 CREATING = ("memory_create", "memory_refinement_consolidate_create")
 PROMOTING = "memory_promote"
+# Deleted by a person: an admin in the ledger, or anyone forgetting on a chat's memory page (via FORGOTTEN_VIA).
+DELETING = "memory_delete"
 
 
 @dataclass
@@ -64,10 +67,11 @@ class Origin:
 
 
 def provenance(memories: list[AgentMemory]) -> dict[str, Any]:
-    """What a page of memories shows of where each came from and who hears it: `origins` by memory id, and
-    `chats` (the chats they came from, as ChatLabels) by chat id. Four queries for any page of them."""
-    origins = origins_for(memories)
-    return {"origins": origins, "chats": _chats_of(origins, memories)}
+    """What a page of memories shows of where each came from, who hears it and who deleted it: `origins` by memory
+    id, `chats` (the chats they came from, as ChatLabels) by chat id, and `deleted_by` (Deletion) by memory id.
+    Four queries for any page of them."""
+    origins, deleted_by = origins_for(memories)
+    return {"origins": origins, "chats": _chats_of(origins, memories), "deleted_by": deleted_by}
 
 
 def _chats_of(origins: dict[int, "Origin"], memories: list[AgentMemory]) -> dict[int, ChatLabel]:
@@ -78,31 +82,49 @@ def _chats_of(origins: dict[int, "Origin"], memories: list[AgentMemory]) -> dict
     return chats
 
 
-def origins_for(memories: list[AgentMemory]) -> dict[int, Origin]:
+@dataclass
+class Deletion:
+    """The person whose delete keeps a memory deleted now; `forgotten`: from its chat's memory page."""
+
+    name: str
+    email: str
+    forgotten: bool
+
+
+def origins_for(memories: list[AgentMemory]) -> tuple[dict[int, Origin], dict[int, Deletion]]:
     """The origin of each memory (absent when it predates audit rows), its chat not yet named (provenance
-    does): one query for any page of them."""
+    does), and for each deleted one the person who deleted it (absent when a job did): one query for any page."""
     ids = [m.id for m in memories]
     if not ids:
-        return {}
+        return {}, {}
     rows = db.session.execute(
-        sa.select(AuditLog, User.email)
+        sa.select(AuditLog, User)
         .outerjoin(User, User.id == AuditLog.user_id)
         .where(
             AuditLog.account_id == current_user.account_id,
             AuditLog.auditable_type == "AgentMemory",
             AuditLog.auditable_id.in_(ids),
-            AuditLog.action.in_((*CREATING, PROMOTING)),
+            AuditLog.action.in_((*CREATING, PROMOTING, DELETING)),
         )
         .order_by(AuditLog.id)
     ).all()
     origins: dict[int, Origin] = {}
-    for row, email in rows:
+    for row, user in rows:
         if row.action in CREATING and row.auditable_id not in origins:
+            email = user.email if user else None
             origins[row.auditable_id] = Origin(row.data.get("via", ""), row.data, row.session_id, email)
-    for row, _email in rows:
+    for row, _user in rows:
         if row.action == PROMOTING and row.auditable_id in origins:
             origins[row.auditable_id].promoted_session_id = row.session_id or ""
-    return origins
+    deleted_at = {m.id: m.snapshot()["deleted_at"] for m in memories if m.is_deleted}
+    deleted_by = {
+        row.auditable_id: Deletion(user.display_name, user.email, row.data.get("via") == FORGOTTEN_VIA)
+        for row, user in rows
+        if row.action == DELETING
+        and user
+        and row.data["after"]["deleted_at"] == deleted_at.get(row.auditable_id)
+    }
+    return origins, deleted_by
 
 
 def chat_labels(ids: set[int]) -> dict[int, ChatLabel]:

@@ -112,6 +112,18 @@ def memories_heard_by(user: User) -> sa.ColumnElement[bool]:
     return memories_heard(readable_chats(user))
 
 
+def memories_forgettable_by(user: User) -> sa.ColumnElement[bool]:
+    """Condition on AgentMemory: the memories this person may forget (soft-delete, audited as them): an admin any;
+    a member those heard only where a chat they may read is read, never one heard by everyone. (A constitutional
+    memory is refused by the model, whoever asks.)"""
+    if user.is_admin:
+        return sa.true()
+    return sa.and_(
+        AgentMemory.audience == "chat",
+        AgentMemory.chat_id.in_(sa.select(Chat.id).where(readable_chats(user))),
+    )
+
+
 @dataclass(frozen=True)
 class Audience:
     """Who hears a memory: everyone of the account (chat_id None), or whoever may read one chat. The memory jobs

@@ -14,6 +14,8 @@ from webapp.models.memories import AgentMemory, core_memories, core_token_usage
 from webapp.timeutil import utcnow
 
 ROLLED_BACK = "memory_refinement_rolled_back"
+# The `via` of a memory_delete made by a person forgetting a memory on its chat's memory page (not the ledger).
+FORGOTTEN_VIA = "chat"
 
 
 class AuditLog(db.Model):

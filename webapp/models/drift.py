@@ -146,21 +146,24 @@ class Point:
 
 @dataclass
 class Mark:
-    """The changes of one kind on one day that moved the core memory."""
+    """The changes of one kind in one stretch of time (`at` to `at` + History.bucket) that moved the core memory."""
 
-    day: datetime
+    at: datetime
     kind: str
     changes: int
 
 
 @dataclass
 class History:
-    """An agent's core memory from `since` to `now`: a step at each change, and the changes marked by kind."""
+    """An agent's core memory from `since` to `now`: a step at each change, and the changes marked by kind in
+    stretches of `bucket` (a day for a long history; minutes or hours for a young agent's)."""
 
     since: datetime
     now: datetime
     points: list[Point] = field(default_factory=list)
     marks: list[Mark] = field(default_factory=list)
+    bucket: timedelta = timedelta(days=1)
+    young: bool = False  # the agent is younger than the days asked: it starts just before its first memory
 
     @property
     def kinds(self) -> Counter:
@@ -169,13 +172,47 @@ class History:
             counted[mark.kind] += mark.changes
         return counted
 
+    @property
+    def empty(self) -> bool:
+        """Nothing to draw: no core memory in these days, and no change that moved it."""
+        return not self.marks and not any(p.count or p.tokens for p in self.points)
+
+
+# The stretches a chart's marks are counted in: the shortest that cuts the history into at most MARKS_ACROSS.
+BUCKETS = [timedelta(minutes=m) for m in (1, 5, 15, 60, 180, 360, 720)] + [timedelta(days=1)]
+MARKS_ACROSS = 90
+EPOCH = datetime(2000, 1, 1)  # a Saturday at midnight: stretches start on the hour, or at midnight (UTC)
+
+
+def _bucket_for(span: timedelta) -> timedelta:
+    return next((b for b in BUCKETS if span / b <= MARKS_ACROSS), BUCKETS[-1])
+
+
+def _start_of(at: datetime, bucket: timedelta) -> datetime:
+    return EPOCH + (at - EPOCH) // bucket * bucket
+
+
+def history_start(agent_id: int, now: datetime, days: int) -> datetime:
+    """Where an agent's chart begins: `days` ago, or a little before its first memory when it is younger (so the
+    first change is drawn, not stacked at the edge), one query."""
+    since = now - timedelta(days=days)
+    first = db.session.scalar(
+        sa.select(sa.func.min(AgentMemory.created_at)).where(AgentMemory.agent_id == agent_id)
+    )
+    if first is None or first <= since:
+        return since
+    lead = max((now - first) / 20, timedelta(minutes=2))
+    return max(first.replace(second=0, microsecond=0) - lead, since)
+
 
 def core_history(agent_id: int, now: datetime, days: int) -> History:
-    """The agent's core memory over the last `days` days, from its audit rows read newest first (two queries).
+    """The agent's core memory over the last `days` days, or since its first memory if it is younger, from its
+    audit rows read newest first (three queries).
 
     The rows of one minute make one step: a merge's new memory and the parts it replaced (or an approval's
     changes) land together, so no passing state of a single change is drawn."""
-    since = now - timedelta(days=days)
+    since = history_start(agent_id, now, days)
+    bucket = _bucket_for(now - since)
     rows = db.session.scalars(
         sa.select(AuditLog)
         .where(AuditLog.agent_id == agent_id, AuditLog.auditable_type == "AgentMemory")
@@ -184,7 +221,8 @@ def core_history(agent_id: int, now: datetime, days: int) -> History:
         .limit(HISTORY_ROWS)
     ).all()
     count, tokens = core_totals([agent_id])[agent_id]
-    history, counter, seen = History(since, now), _Tokens(), Counter()
+    young = since > now - timedelta(days=days)
+    history, counter, seen = History(since, now, bucket=bucket, young=young), _Tokens(), Counter()
     history.points.append(Point(now, count, tokens))
     for minute, group in groupby(rows, key=lambda row: row.created_at.replace(second=0, microsecond=0)):
         moves = [(row, core_delta(row, counter)) for row in group]
@@ -193,15 +231,15 @@ def core_history(agent_id: int, now: datetime, days: int) -> History:
             if (
                 any(move) and row.action != "memory_refinement_consolidate"
             ):  # a merge counts once, by its new memory
-                seen[(minute.replace(hour=0, minute=0), KIND_OF.get(row.action, "changed"))] += 1
+                seen[(_start_of(row.created_at, bucket), KIND_OF.get(row.action, "changed"))] += 1
         if not (moved_count or moved_tokens):
             continue
-        history.points.append(Point(minute, count, tokens))
+        history.points.append(Point(max(minute, since), count, tokens))
         count, tokens = max(count - moved_count, 0), max(tokens - moved_tokens, 0)
-        history.points.append(Point(minute, count, tokens))
+        history.points.append(Point(max(minute, since), count, tokens))
     if len(rows) == HISTORY_ROWS:
         history.since = rows[-1].created_at
     history.points.append(Point(history.since, count, tokens))
     history.points.reverse()
-    history.marks = [Mark(day, kind, n) for (day, kind), n in sorted(seen.items())]
+    history.marks = [Mark(at, kind, n) for (at, kind), n in sorted(seen.items())]
     return history

@@ -37,7 +37,19 @@ from webapp.extensions import db
 from webapp.jobs.followups import after_new_message
 from webapp.jobs.replies import request_replies, retry_refusal, retry_reply, stop_reply
 from webapp.llm import targets
-from webapp.models import Agent, AuditLog, Chat, ChatAgent, ChatHidden, ChatPerson, Message, User, access
+from webapp.models import (
+    Agent,
+    AgentMemory,
+    AuditLog,
+    Chat,
+    ChatAgent,
+    ChatHidden,
+    ChatPerson,
+    Message,
+    User,
+    access,
+)
+from webapp.models.audit import FORGOTTEN_VIA, record_change
 from webapp.models.chats import CHAT_VISIBILITIES, other_conversations
 from webapp.prompting.build import prompt_memory
 from webapp.timeutil import utcnow
@@ -564,12 +576,68 @@ def agent_memory(chat_id: int, agent_id: int) -> ResponseReturnValue:
     7 days) and how many did not fit. Members see what the agent's admin lets them (all of it, the core
     memories, or nothing); admins see all, with a link to the ledger."""
     chat = readable_chat_or_404(chat_id)
+    agent = _chat_agent_or_404(chat, agent_id)
+    shown = agent.memory_visible_to(current_user)
+    held = prompt_memory(targets.for_agent(agent), chat, agent, utcnow())[0].shown_as(shown)
+    return render_template(
+        "chats/agent_memory.html",
+        chat=chat,
+        agent=agent,
+        held=held,
+        shown=shown,
+        forgettable=_forgettable(held.ids),
+    )
+
+
+def _forgettable(memory_ids: list[int]) -> set[int]:
+    """Those of these memories the signed-in person may forget (one query; none without ids)."""
+    if not memory_ids:
+        return set()
+    query = sa.select(AgentMemory.id).where(
+        AgentMemory.id.in_(memory_ids), access.memories_forgettable_by(current_user)
+    )
+    return set(db.session.scalars(query))
+
+
+@bp.post("/<int:chat_id>/agents/<int:agent_id>/memory/<int:memory_id>/forget")
+@login_required
+def forget_memory(chat_id: int, agent_id: int, memory_id: int) -> ResponseReturnValue:
+    """Forget a memory the agent's memory page shows here: a member one that came from a chat they may read, an
+    admin any (access.memories_forgettable_by). A soft delete audited as them, which an admin can undo; the agent
+    is not told. Any other memory is not found, and nothing changes."""
+    chat = readable_chat_or_404(chat_id)
+    agent = _chat_agent_or_404(chat, agent_id)
+    memory = db.session.scalar(
+        sa.select(AgentMemory).where(
+            AgentMemory.id == memory_id,
+            AgentMemory.agent_id == agent.id,
+            access.memories_heard_in(chat),
+            access.memories_forgettable_by(current_user),
+        )
+    )
+    if memory is None or not agent.shows_memory_to(current_user, memory.memory_type):
+        abort(404)
+    if memory.constitutional:
+        return _notice(
+            f"This memory is constitutional: {agent.name} keeps it, and it cannot be forgotten.", 422
+        )
+    if memory.is_active:
+        before = memory.snapshot()
+        memory.soft_delete()
+        record_change(memory, "memory_delete", before, via=FORGOTTEN_VIA, user_id=current_user.id)
+        db.session.commit()
+    if not request.headers.get("HX-Request"):
+        flash(f"Forgotten: {agent.name} no longer brings “{memory.content[:80]}” to its replies.")
+        return redirect(url_for("chats.agent_memory", chat_id=chat.id, agent_id=agent.id), code=303)
+    return render_template("chats/_forgotten.html", agent=agent, memory=memory)
+
+
+def _chat_agent_or_404(chat: Chat, agent_id: int) -> Agent:
+    """The agent of this chat with this id; any other is a 404."""
     agent = next((a for a in chat.agents if a.id == agent_id), None)
     if agent is None:
         abort(404)
-    shown = agent.memory_visible_to(current_user)
-    held = prompt_memory(targets.for_agent(agent), chat, agent, utcnow())[0].shown_as(shown)
-    return render_template("chats/agent_memory.html", chat=chat, agent=agent, held=held, shown=shown)
+    return agent
 
 
 @bp.post("/<int:chat_id>/rename")
