@@ -1,5 +1,5 @@
 """Issue 32.3: a person forgets what an agent remembers from their own chats, on the chat's memory page. A member
-forgets a memory heard only where a chat they may read is read (an admin any); it is a soft delete audited as that
+forgets a memory that came from a chat they are one of the people of (an admin any); it is a soft delete audited as that
 person, shown in the ledger, undone by an admin; the agent is not told. Any other memory is not found."""
 
 # ruff: noqa: F811  (the fixtures of test_memory_audience, imported, are parameters here)
@@ -159,3 +159,18 @@ def test_forgetting_needs_the_csrf_token(app, client, auth, ana, ada, anas_chat,
 
     assert response.status_code == (303 if with_token else 400)
     assert (db.session.get(AgentMemory, _locker(ada).id).deleted_at is not None) is with_token
+
+
+def test_a_member_cannot_forget_a_memory_from_a_shared_chat_she_only_reads(acme, client, auth, ana, ben, ada):
+    """A shared chat is read by everyone of the account; what came from it is forgotten by its people only."""
+    bens_shared = factories.chat(acme, [ada], "Ben's open chat", people=[ben])
+    bens_shared.visibility = "shared"
+    db.session.commit()
+    fact = factories.memory(ada, "Ben's bike is blue.", chat_id=bens_shared.id, audience="chat")
+    auth.login(ana)
+
+    assert client.post(_url(bens_shared, ada, fact), headers=HTMX).status_code == 404
+    assert _unchanged(fact)
+    client.post("/logout")
+    auth.login(ben)
+    assert client.post(_url(bens_shared, ada, fact), headers=HTMX).status_code == 200

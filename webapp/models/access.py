@@ -114,12 +114,14 @@ def memories_heard_by(user: User) -> sa.ColumnElement[bool]:
 
 def memories_forgettable_by(user: User) -> sa.ColumnElement[bool]:
     """Condition on AgentMemory: the memories this person may forget (soft-delete, audited as them): an admin any;
-    a member those heard only where a chat they may read is read, never one heard by everyone. (A constitutional
-    memory is refused by the model, whoever asks.)"""
+    a member those that came from a chat they are one of the people of (not a shared chat they only read), never
+    one heard by everyone. (A constitutional memory is refused by the model, whoever asks.)"""
     if user.is_admin:
         return sa.true()
+    theirs = sa.select(ChatPerson.chat_id).where(ChatPerson.user_id == user.id)
     return sa.and_(
         AgentMemory.audience == "chat",
+        AgentMemory.chat_id.in_(theirs),
         AgentMemory.chat_id.in_(sa.select(Chat.id).where(readable_chats(user))),
     )
 
