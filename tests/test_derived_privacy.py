@@ -3,6 +3,7 @@ chat (recalled or borrowed from it, its summary listed, a memory made from it) i
 to, anyone who may not read that chat; what is derived from it (its memories, its summary) stays where it is.
 Ana's private chat Q borrows from P, the chat she has with Ben; then she tries to widen Q to Cleo."""
 
+# ruff: noqa: F811  (the fixtures of test_memory_audience, imported, are parameters here)
 import html
 import json
 
@@ -11,9 +12,10 @@ from flask import g
 
 from tests import factories
 from tests.conftest import Auth
+from tests.test_memory_audience import _person, ana, ben  # noqa: F401  (fixtures)
 from webapp.extensions import db
 from webapp.jobs.replies import request_replies, respond
-from webapp.models import Chat, ChatPerson, ReplySources, User
+from webapp.models import Chat, ChatPerson, ReplySources
 
 BENS_WORDS = "my divorce hearing is on 14 March, case KUMQUAT-42"
 P_TITLE = "Ana and Ben plan"
@@ -26,23 +28,6 @@ def _each_request_signs_in_afresh(app):
     @app.before_request
     def _forget_the_last_user() -> None:
         g.pop("_login_user", None)
-
-
-def _person(acme, name: str) -> User:
-    person = factories.user(acme, f"{name.lower()}@example.com", "member")
-    person.name = name
-    db.session.commit()
-    return person
-
-
-@pytest.fixture
-def ana(acme):
-    return _person(acme, "Ana")
-
-
-@pytest.fixture
-def ben(acme):
-    return _person(acme, "Ben")
 
 
 @pytest.fixture

@@ -28,21 +28,31 @@ def size(request, page: Page) -> str:
 
 
 def check_page(
-    page: Page, size: str, name: str, *, prefix: str = "first-hour", full_page: bool = False
+    page: Page,
+    size: str,
+    name: str,
+    *,
+    prefix: str = "first-hour",
+    full_page: bool = False,
+    impacts: tuple[str, ...] = ("serious", "critical"),
 ) -> None:
-    """axe-core: no serious or critical violation; no sideways scroll; a screenshot kept (test-artifacts/
-    {prefix}-{size}-{name}.png)."""
+    """axe-core: no violation of these impacts (every one: ALL_IMPACTS); no sideways scroll; a screenshot kept
+    (test-artifacts/{prefix}-{size}-{name}.png)."""
     page.add_script_tag(path=str(AXE))
     violations = page.evaluate(
-        """async () => (await axe.run(document, {resultTypes: ["violations"]})).violations
-            .filter(v => ["serious", "critical"].includes(v.impact))
-            .map(v => `${v.id}: ${v.help} (${v.nodes.map(n => n.target.join(" ")).join(", ")})`)"""
+        """async (impacts) => (await axe.run(document, {resultTypes: ["violations"]})).violations
+            .filter(v => impacts.includes(v.impact))
+            .map(v => `${v.id}: ${v.help} (${v.nodes.map(n => n.target.join(" ")).join(", ")})`)""",
+        list(impacts),
     )
     assert violations == [], f"{name}: {violations}"
     widths = page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
     assert widths[0] <= widths[1], f"{name} scrolls sideways at {size}: {widths}"
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / f"{prefix}-{size}-{name}.png"), full_page=full_page)
+
+
+ALL_IMPACTS = ("minor", "moderate", "serious", "critical")
 
 
 def tap(control: Locator) -> None:

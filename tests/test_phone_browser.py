@@ -1,6 +1,7 @@
 """Cairn on a phone (issue 32, item 8), in a real browser: every page a member and an admin reach, each measured
 with its own geometry (getBoundingClientRect) at 390x844, where every tap target is at least 44x44 px; the
-admin's navigation folds into a menu there and stays a row of links on a desktop. axe-core on every page."""
+admin's navigation folds into a menu there and stays a row of links on a desktop. axe-core on every page, the
+error pages included, at both sizes."""
 
 from datetime import timedelta
 
@@ -9,7 +10,7 @@ import sqlalchemy as sa
 from playwright.sync_api import Page, expect
 
 from tests import factories
-from tests.test_first_hour_browser import check_page, size, tap  # noqa: F401  (size: the viewport fixture)
+from tests.test_first_hour_browser import ALL_IMPACTS, check_page, size, tap  # noqa: F401  (size: the viewport fixture)
 from webapp.extensions import db
 from webapp.jobs.refinement import refine_agent
 from webapp.models import MemoryProposal, ReplySources
@@ -106,6 +107,8 @@ def _a_full_account(fake_llm) -> dict:
             f"/chats/{chat.id}",
             f"/chats/{chat.id}/agents/{ada.id}/memory",
             "/account",
+            "/chats/999999",  # the error pages: not found, and an admin's page (403)
+            "/people/",
         ],
         "admin": [
             "/chats/",
@@ -143,16 +146,42 @@ def test_every_tap_target_of_every_page_is_44_px_on_a_phone(page, live_app, live
     for path in pages["nobody"]:
         page.goto(f"{live_server}{path}")
         small[path] = _small_targets(page)
-        check_page(page, "phone", path.split("/")[1], prefix="phone")
+        check_page(page, "phone", path.split("/")[1], prefix="phone", impacts=ALL_IMPACTS)
     for who, email in (("member", "milo@example.com"), ("admin", "dana@example.com")):
         _sign_in(page, live_server, email)
         for path in pages[who]:
             page.goto(f"{live_server}{path}")
             small[f"{who} {path}"] = _small_targets(page)
-            check_page(page, "phone", f"{who}{path.replace('/', '-')}", prefix="phone", full_page=True)
+            check_page(
+                page,
+                "phone",
+                f"{who}{path.replace('/', '-')}",
+                prefix="phone",
+                full_page=True,
+                impacts=ALL_IMPACTS,
+            )
         page.get_by_role("button", name="Sign out").click()
 
     assert {where: targets for where, targets in small.items() if targets} == {}
+
+
+def test_every_page_passes_axe_on_a_desktop(page, live_app, live_server, fake_llm):
+    """The same pages at 1280x800, where the admin's links are a row and nothing needs to grow: axe on each."""
+    live_app.config["REFINEMENT_TOKEN_FLOOR"] = 0
+    pages = _a_full_account(fake_llm)
+    page.set_viewport_size({"width": 1280, "height": 800})
+
+    for path in pages["nobody"]:
+        page.goto(f"{live_server}{path}")
+        check_page(page, "desktop", path.split("/")[1], prefix="desktop", impacts=ALL_IMPACTS)
+    for who, email in (("member", "milo@example.com"), ("admin", "dana@example.com")):
+        _sign_in(page, live_server, email)
+        for path in pages[who]:
+            page.goto(f"{live_server}{path}")
+            check_page(
+                page, "desktop", f"{who}{path.replace('/', '-')}", prefix="desktop", impacts=ALL_IMPACTS
+            )
+        page.get_by_role("button", name="Sign out").click()
 
 
 def open_menu(page: Page) -> None:
