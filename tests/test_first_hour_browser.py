@@ -204,4 +204,4 @@ def test_the_first_hour(page, size, live_server, worker_process, fake_llm):
         expect(page.locator(".chat-sidebar")).to_be_hidden()
     tap(page.locator(".chat-head").get_by_role("link", name="Ada"))
     expect(page.get_by_role("heading", name="Ada's memory")).to_be_visible()
-    expect(page.get_by_text("Dana prefers window seats.")).to_be_visible()
+    expect(page.get_by_text("Dana prefers window seats.", exact=True)).to_be_visible()
