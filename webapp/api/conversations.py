@@ -114,9 +114,7 @@ def agent_for(person: User, model: Any) -> Agent:
         raise ApiError(
             400, "`model` is required: an agent's id, as GET /v1/models lists them.", param="model"
         )
-    agent = db.session.scalar(
-        sa.select(Agent).where(Agent.account_id == person.account_id, Agent.slug == model.strip().lower())
-    )
+    agent = Agent.by_slug(person.account_id, model)
     if agent is None:
         raise ApiError(
             404,

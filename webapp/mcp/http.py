@@ -18,7 +18,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import anyio.to_thread
-import sqlalchemy as sa
 import uvicorn
 from flask import Flask
 from limits import parse_many
@@ -28,7 +27,6 @@ from mcp.server.transport_security import TransportSecuritySettings
 from redis.exceptions import RedisError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from webapp.extensions import db
 from webapp.mcp.errors import error_body
 from webapp.mcp.server import CALLER, Caller, build_server
 from webapp.models import Agent
@@ -111,10 +109,8 @@ class Gate:
                 )
             self._count(key.id)
             slug = found["agent"]
-            agent_id = slug and db.session.scalar(
-                sa.select(Agent.id).where(Agent.account_id == key.user.account_id, Agent.slug == slug)
-            )
-            if not agent_id:
+            agent = Agent.by_slug(key.user.account_id, slug) if slug else None
+            if agent is None:
                 raise Refusal(
                     404,
                     f"No agent {slug!r} in your account: the MCP server is at /mcp/<agent-slug> (the ids "
@@ -123,7 +119,7 @@ class Gate:
                     else "Name the agent: the MCP server is at /mcp/<agent-slug>.",
                     "model_not_found",
                 )
-            return Caller(agent_id, user_id=key.user_id)
+            return Caller(agent.id, user_id=key.user_id)
 
     def _origin_allowed(self, origin: str, host: str | None) -> bool:
         """A browser page may call only from the origin it was served at (its Host) or a configured one."""

@@ -83,6 +83,13 @@ class Agent(db.Model):
         return slug
 
     @staticmethod
+    def by_slug(account_id: int, slug: str) -> "Agent | None":
+        """The account's agent a client names by its slug (`model` of /v1, /mcp/<slug>): slugs are lower-case, so
+        a client's "Ada" or " ada " finds "ada", at every door alike."""
+        wanted = slug.strip().lower()
+        return db.session.scalar(sa.select(Agent).where(Agent.account_id == account_id, Agent.slug == wanted))
+
+    @staticmethod
     def free_name(account_id: int, name: str) -> str:
         """The next name like `name` that no agent of the account has (case aside): "Ada 2", "Ada 3", …
         ("Ada 2" taken too leads to "Ada 3", not "Ada 2 2"), within NAME_MAX_CHARS."""
