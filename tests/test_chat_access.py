@@ -115,7 +115,14 @@ def _sweep(app, client, chat: Chat, values: dict, form: dict) -> list[tuple[str,
 @pytest.fixture
 def sweep_values(a_private, ada, sam):
     last = db.session.scalar(sa.select(sa.func.max(Message.id)).where(Message.chat_id == a_private.id))
-    values = {"chat_id": a_private.id, "message_id": last, "agent_id": ada.id, "user_id": sam.id}
+    memory = factories.memory(ada, f"Milo's locker code is {SECRET}.", chat_id=a_private.id)
+    values = {
+        "chat_id": a_private.id,
+        "message_id": last,
+        "agent_id": ada.id,
+        "user_id": sam.id,
+        "memory_id": memory.id,
+    }
     form = {
         "content": "hi",
         "ask": "all",

@@ -44,7 +44,11 @@ def may_govern(chat: Chat, user: User) -> bool:
     """Whether the person may rename, discard or restore the chat, share it or make it private and add or take
     out people: its people; for a chat from before chats had people (none), everyone of the account reads it and
     only an admin governs it."""
-    people = people_of(chat)
+    return governs(people_of(chat), user)
+
+
+def governs(people: Sequence[int], user: User) -> bool:
+    """may_govern, for a chat whose people (ids) are already known."""
     return user.id in people if people else user.is_admin
 
 

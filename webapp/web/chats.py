@@ -57,7 +57,7 @@ from webapp.tools.steps import UNNAMED_CHIP
 from webapp.web import model_picker
 from webapp.web.auth import owned_or_404, readable_chat_ids, readable_chat_or_404
 from webapp.web.fragments import fragment_requested, page_or_fragment
-from webapp.web.guards import replies_limit
+from webapp.web.guards import notice, replies_limit
 from webapp.web.markdown import plain_text, render_markdown
 
 bp = Blueprint("chats", __name__, url_prefix="/chats")
@@ -426,10 +426,10 @@ def _ask(chat: Chat, wanted: str):
     """Ask one agent of the chat (an id) or all of them one after another ("all") to reply."""
     agents = [a for a in chat.agents if wanted == "all" or str(a.id) == wanted]
     if not agents:
-        return _notice("That agent is not in this chat.", 422)
+        return notice("That agent is not in this chat.", 422)
     ready = [a for a in agents if not a.paused]
     if not ready:
-        return _notice(f"{agents[0].name} is paused.", 422)
+        return notice(f"{agents[0].name} is paused.", 422)
     replies = request_replies(chat, ready)
     db.session.commit()
     _announce_new(chat, replies)
@@ -458,12 +458,6 @@ def trigger(chat_id: int) -> ResponseReturnValue:
     return _ask(_open_chat(chat_id), request.form.get("agent_id", ""))
 
 
-def _notice(text: str, status: int):
-    response = Response(render_template("_notice.html", text=text), status=status)
-    response.headers.update({"HX-Retarget": "#notice", "HX-Reswap": "outerHTML"})
-    return response
-
-
 @bp.post("/<int:chat_id>/messages/<int:message_id>/retry")
 @login_required
 @replies_limit
@@ -473,7 +467,7 @@ def retry(chat_id: int, message_id: int) -> ResponseReturnValue:
     found = _message_in(chat, message_id)
     refusal = retry_refusal(found, stuck=found.updated_at < utcnow() - STUCK_AFTER)
     if refusal:
-        return _notice(refusal, 422)
+        return notice(refusal, 422)
     retry_reply(found)
     db.session.commit()
     return render_template("chats/_message.html", chat=chat, message=found, stuck_after=STUCK_AFTER)
@@ -507,9 +501,9 @@ def regenerate(chat_id: int, message_id: int) -> ResponseReturnValue:
     chat = _open_chat(chat_id)
     found = _message_in(chat, message_id)
     if found.role != "assistant" or found.status != "done" or found.id != _latest_id(chat):
-        return _notice("Only the last reply of the chat can be regenerated.", 422)
+        return notice("Only the last reply of the chat can be regenerated.", 422)
     if found.agent is None or found.agent.paused:
-        return _notice("This agent is paused or gone; it cannot answer again.", 422)
+        return notice("This agent is paused or gone; it cannot answer again.", 422)
     retry_reply(found)
     db.session.commit()
     return render_template("chats/_message.html", chat=chat, message=found, stuck_after=STUCK_AFTER)
@@ -618,7 +612,7 @@ def forget_memory(chat_id: int, agent_id: int, memory_id: int) -> ResponseReturn
     if memory is None or not agent.shows_memory_to(current_user, memory.memory_type):
         abort(404)
     if memory.constitutional:
-        return _notice(
+        return notice(
             f"This memory is constitutional: {agent.name} keeps it, and it cannot be forgotten.", 422
         )
     if memory.is_active:
@@ -646,10 +640,10 @@ def rename(chat_id: int) -> ResponseReturnValue:
     """Rename the chat in place."""
     chat = readable_chat_or_404(chat_id)
     if not access.may_govern(chat, current_user):
-        return _notice("Only the chat's people rename it.", 403)
+        return notice("Only the chat's people rename it.", 403)
     title = request.form.get("title", "").strip()
     if len(title) > 200:
-        return _notice("A title has at most 200 characters.", 422)
+        return notice("A title has at most 200 characters.", 422)
     chat.title = title
     db.session.commit()
     return render_template("chats/_title.html", chat=chat, renamed=True, governs=True)
@@ -662,7 +656,7 @@ def add_agent(chat_id: int) -> ResponseReturnValue:
     chat = _open_chat(chat_id)
     agent = owned_or_404(Agent, request.form.get("agent_id", type=int) or 0)
     if agent in chat.agents:
-        return _notice(f"{agent.name} is already in this chat.", 422)
+        return notice(f"{agent.name} is already in this chat.", 422)
     chat.add_agent(agent)
     chat.manual_responses = True
     chat.add_message(role="system", content=f"{agent.name} joined the conversation.", status="done")
@@ -754,7 +748,7 @@ def _people_panel(chat: Chat) -> dict:
         .where(ChatPerson.chat_id == chat.id)
         .order_by(ChatPerson.created_at, ChatPerson.user_id)
     ).all()
-    governs = current_user.is_admin if not people else current_user.id in {p.id for p in people}
+    governs = access.governs([p.id for p in people], current_user)
     addable = (
         [p for p in current_user.account.people_names() if p.id not in {q.id for q in people}]
         if governs
@@ -780,10 +774,10 @@ def _governed(chat: Chat, *, join: bool = True) -> list[int]:
 
 
 def _back_to(
-    chat: Chat, said: str, notice: str | None = None, *, to: str | None = None
+    chat: Chat, said: str, announced: str | None = None, *, to: str | None = None
 ) -> ResponseReturnValue:
-    """Commit a change to the chat's people or visibility with a notice in the chat; back to the chat (or `to`)."""
-    posted = chat.add_message(role="system", content=notice, status="done") if notice else None
+    """Commit a change to the chat's people or visibility, `announced` in the chat; back to the chat (or `to`)."""
+    posted = chat.add_message(role="system", content=announced, status="done") if announced else None
     db.session.commit()
     if posted:
         _announce_new(chat, [posted])
@@ -825,11 +819,11 @@ def visibility(chat_id: int) -> ResponseReturnValue:
     chat.visibility = wanted
     if chat.is_private:
         said = "Only this chat's people can read it now."
-        notice = f"{current_user.display_name} made this chat readable by its people only."
+        announced = f"{current_user.display_name} made this chat readable by its people only."
     else:
         said = f"Everyone in {everyone} can read this chat now."
-        notice = f"{current_user.display_name} opened this chat to everyone in {everyone}."
-    return _back_to(chat, said, notice)
+        announced = f"{current_user.display_name} opened this chat to everyone in {everyone}."
+    return _back_to(chat, said, announced)
 
 
 @bp.post("/<int:chat_id>/people")
@@ -849,8 +843,8 @@ def add_person(chat_id: int) -> ResponseReturnValue:
         db.session.rollback()
         return _back_to(chat, f"{name} was not added: {why} Start a new chat with them instead.")
     db.session.add(ChatPerson(chat_id=chat.id, user_id=form.user_id.data, added_by_id=current_user.id))
-    notice = f"{current_user.display_name} added {name} to the conversation."
-    return _back_to(chat, f"{name} can read this chat now.", notice)
+    announced = f"{current_user.display_name} added {name} to the conversation."
+    return _back_to(chat, f"{name} can read this chat now.", announced)
 
 
 @bp.post("/<int:chat_id>/people/<int:user_id>/remove")
@@ -868,8 +862,8 @@ def remove_person(chat_id: int, user_id: int) -> ResponseReturnValue:
     person = db.session.get(User, user_id)
     db.session.delete(db.session.get(ChatPerson, (chat.id, user_id)))
     if user_id != current_user.id:
-        notice = f"{current_user.display_name} took {person.display_name} out of the conversation."
-        return _back_to(chat, f"{person.display_name} is no longer one of this chat's people.", notice)
+        announced = f"{current_user.display_name} took {person.display_name} out of the conversation."
+        return _back_to(chat, f"{person.display_name} is no longer one of this chat's people.", announced)
     gone = url_for("chats.index") if chat.is_private else None  # they may no longer read it
     return _back_to(chat, f"You left “{chat.display_title}”.", f"{person.display_name} left.", to=gone)
 
