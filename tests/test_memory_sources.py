@@ -232,3 +232,51 @@ def test_a_prompt_shows_the_memory_not_its_source_turns(acme, ana, ben, ada, wid
     sent = json.dumps(build_prompt(bens_chat, ada).messages)
 
     assert "Ana keeps a locker at the gym." in sent and SECRET not in sent
+
+
+# People see it: the ledger, the chat's memory page and the audit row link each memory to its turns
+
+
+def test_the_ledger_links_a_memory_to_the_turns_the_admin_may_read(client, auth, admin, ana, ada):
+    own = factories.chat(admin.account, [ada], "Mine", people=[admin])
+    said = factories.message(own, "I keep bees on the roof.", author=admin)
+    _memory_with_sources(ada, "Dana keeps bees.", [said], chat_id=own.id)
+    anas = factories.chat(admin.account, [ada], "Ana's", people=[ana])
+    told = factories.message(anas, f"Code {SECRET}.", author=ana)
+    _memory_with_sources(ada, "Ana has a code.", [told], chat_id=anas.id)
+    auth.login(admin)
+
+    page = client.get(f"/admin/agents/{ada.id}/memories").text
+
+    assert f'href="/chats/{own.id}#message-{said.id}"' in page
+    assert f"#message-{told.id}" not in page and SECRET not in page
+
+
+def test_the_chats_memory_page_links_only_to_turns_its_reader_may_read(
+    client, auth, acme, ana, ben, ada, widened
+):
+    shared = factories.chat(acme, [ada], "Lobby")
+    factories.message(shared, "Anyone been to the gym locker room?", author=ben)
+    said = factories.message(shared, "Ben: I swim on Mondays.", author=ben)
+    _memory_with_sources(ada, "Ben swims on Mondays.", [said], chat_id=shared.id)
+    auth.login(ben)
+
+    page = client.get(f"/chats/{shared.id}/agents/{ada.id}/memory").text
+
+    assert "Ana keeps a locker at the gym." in page  # heard by everyone
+    assert SECRET not in page and f"#message-{_sources(widened)[0]}" not in page
+    assert f'href="/chats/{shared.id}#message-{said.id}"' in page
+
+
+def test_a_consolidations_audit_row_names_the_turns(client, auth, admin, ada, fake_llm):
+    chat = factories.chat(admin.account, [ada], "Garden", people=[admin])
+    with time_machine.travel(utcnow() - timedelta(hours=7), tick=False):
+        said = factories.message(chat, "I planted roses.", author=admin)
+        factories.message(chat, "Lovely.", author=ada)
+    fake_llm.reply(json.dumps({"journal": [{"memory": "Dana planted roses.", "turns": [1]}], "core": []}))
+    consolidate_chat(chat.id)
+    auth.login(admin)
+
+    page = client.get("/admin/audit").text
+
+    assert f"Drawn from messages #{said.id}" in page

@@ -17,6 +17,7 @@ from flask import abort, render_template
 from flask.typing import ResponseReturnValue
 from flask_login import current_user
 
+from webapp import search
 from webapp.admin.common import bp
 from webapp.extensions import db
 from webapp.models import AgentMemory, AuditLog, Chat, ChatPerson, Message, ReplySources, User
@@ -65,9 +66,15 @@ class Origin:
 
 def provenance(memories: list[AgentMemory]) -> dict[str, Any]:
     """What a page of memories shows of where each came from and who hears it: `origins` by memory id, and
-    `chats` (the chats they came from, as ChatLabels) by chat id. Four queries for any page of them."""
+    `chats` (the chats they came from, as ChatLabels) by chat id, and the turns each came from that the admin may
+    read (`sources`). Six queries for any page of them."""
     origins = origins_for(memories)
-    return {"origins": origins, "chats": _chats_of(origins, memories)}
+    readable = sa.select(Chat.id).where(readable_chats(current_user))
+    return {
+        "origins": origins,
+        "chats": _chats_of(origins, memories),
+        "sources": search.source_turns([m.id for m in memories], readable),
+    }
 
 
 def _chats_of(origins: dict[int, "Origin"], memories: list[AgentMemory]) -> dict[int, ChatLabel]:

@@ -169,6 +169,23 @@ def sources(memory_ids: list[int], chats: sa.Select) -> dict[int, list[int]]:
     return found
 
 
+def source_turns(memory_ids: list[int], chats: sa.Select) -> dict[int, list[Message]]:
+    """`sources` as the turns themselves, with their chat and author (for the pages that link to them)."""
+    found = sources(memory_ids, chats)
+    wanted = {i for ids in found.values() for i in ids}
+    if not wanted:
+        return {}
+    turns = {
+        m.id: m
+        for m in db.session.scalars(
+            sa.select(Message)
+            .where(Message.id.in_(wanted))
+            .options(joinedload(Message.chat), joinedload(Message.user), joinedload(Message.agent))
+        )
+    }
+    return {memory_id: [turns[i] for i in ids] for memory_id, ids in found.items()}
+
+
 def _lexical(model: type, text: str, scope: tuple) -> list[tuple[int, float]]:
     """(id, score) of the best word matches, best first (the score is BM25: higher is better)."""
     words = terms(text)

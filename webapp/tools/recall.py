@@ -56,7 +56,7 @@ def search_results(
     excerpts = search.messages(chats, query, limit, vector=vector)
     mine = (active_memories(agent.id).whereclause, heard)
     memories = search.memories(agent.id, query, limit, *mine, vector=vector)
-    return _within_budget(_shown_once(_alternate(_with_sources(memories, chats), excerpts)[:limit]))
+    return _within_budget(_shown_once(_alternate(_with_sources(memories, chats), excerpts))[:limit])
 
 
 def conversations_of(agent: Agent, readable: sa.ColumnElement[bool]) -> sa.Select:

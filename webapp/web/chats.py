@@ -32,7 +32,7 @@ from sqlalchemy.orm import joinedload, selectinload
 from wtforms import SelectField, SelectMultipleField, StringField, TextAreaField, widgets
 from wtforms.validators import DataRequired, Length, ValidationError
 
-from webapp import events
+from webapp import events, search
 from webapp.extensions import db
 from webapp.jobs.followups import after_new_message
 from webapp.jobs.replies import request_replies, retry_refusal, retry_reply, stop_reply
@@ -564,7 +564,12 @@ def agent_memory(chat_id: int, agent_id: int) -> ResponseReturnValue:
         abort(404)
     shown = agent.memory_visible_to(current_user)
     held = prompt_memory(targets.for_agent(agent), chat, agent, utcnow())[0].shown_as(shown)
-    return render_template("chats/agent_memory.html", chat=chat, agent=agent, held=held, shown=shown)
+    # The turns each memory came from, those this person may read.
+    readable = sa.select(Chat.id).where(access.readable_chats(current_user))
+    sources = search.source_turns(held.ids, readable)
+    return render_template(
+        "chats/agent_memory.html", chat=chat, agent=agent, held=held, shown=shown, sources=sources
+    )
 
 
 @bp.post("/<int:chat_id>/rename")
