@@ -280,3 +280,14 @@ def test_a_consolidations_audit_row_names_the_turns(client, auth, admin, ada, fa
     page = client.get("/admin/audit").text
 
     assert f"Drawn from messages #{said.id}" in page
+
+
+def test_a_memory_from_a_whole_chunk_shows_a_few_of_its_turns_within_the_budget(app, acme, ana, ada):
+    chat = factories.chat(acme, [ada], "Long", people=[ana])
+    said = [factories.message(chat, f"Turn {i} about the allotment.", author=ana) for i in range(40)]
+    memory = _memory_with_sources(ada, "Ana rents an allotment.", said, chat_id=chat.id)
+
+    [hit, *_] = recall(_context(ada, chat), "allotment rents")["results"]
+
+    assert hit["memory_id"] == memory.id
+    assert 1 <= len(hit["excerpt"].splitlines()) <= 4 * 4  # SOURCES_SHOWN, each with the turns around it

@@ -8,6 +8,11 @@ LoCoMo with bench/locomo.py; the weights live here and nowhere else.
 
 The scope of a search is a set of SQL conditions on the searched table, applied inside both the word and the
 vector query, so a top-k is never filled with rows that are then dropped.
+
+A memory found brings the turns it came from (sources, stretches; recall shows them with it), but its match does
+not count toward those turns in the ranking of messages: with LoCoMo's observations as memories (bench.locomo
+--memories observations), adding each memory's fused score to its source turns as a third list (weight 1 or 0.5)
+or as their floor gave R@10 0.81 to 0.83 on the dev conversations, against 0.83 without (issue 33).
 """
 
 import contextvars
