@@ -1,9 +1,11 @@
 """Retrieval quality on LoCoMo: how often recall brings back the turns that answer a question.
 
     .venv/bin/python -m bench.locomo                                    # SQLite
+    .venv/bin/python -m bench.locomo --memories observations --data DIR  # with memories, any LoCoMo files
     BENCH_DATABASE_URL=postgresql+psycopg://... .venv/bin/python -m bench.locomo   # PostgreSQL
 
-Each conversation of ../shared/data/locomo-dev (LOCOMO_DIR) becomes one chat between its two people and an
+Each conversation of --data (a folder of LoCoMo conversation files; ../shared/data/locomo-dev, or LOCOMO_DIR, by
+default) becomes one chat between its two people and an
 agent, one message per turn at its session's date (a shared photo as its caption). Every question but the
 unanswerable ones (category 5) is asked of the agent's search; R@k is the mean share of a question's evidence
 turns among the first k results, hit@k the share of questions with one at least. A message result counts with
@@ -12,8 +14,14 @@ the turns around it, as recall offers them to the model.
 Printed per category: word search alone, vector search alone, both fused, recall's own results (fused, with
 neighbours, within its token budget: what a model gets) and a plain Okapi BM25 over the same turns (no
 stemming, no neighbours) for reference. Embeddings are cached in ~/.cache/cairn/locomo-embeddings.npz.
+
+With --memories observations, each session's observations (LoCoMo's facts about each speaker, each citing the
+turns it is drawn from) then become the agent's memories of the chat, dated as their session, with those turns
+as their sources, as consolidation would have written them; the questions are asked again, and `memories` is
+recall's results with them (a memory hit counts with its source turns, as recall shows them).
 """
 
+import argparse
 import hashlib
 import json
 import math
@@ -31,7 +39,7 @@ from bench.common import bench_app
 from tests import factories
 from webapp import search
 from webapp.extensions import db
-from webapp.models import ChatAgent, Message
+from webapp.models import AgentMemory, ChatAgent, MemorySource, Message
 from webapp.search import embedder, indexing
 from webapp.search.terms import STOP_WORDS
 from webapp.tools import ToolContext
@@ -149,7 +157,15 @@ def _score(results: list[list[str]], evidence: set[str], k: int) -> tuple[float,
 
 
 def main() -> None:
-    conversations = sorted(DATA.glob("*.json"))
+    parser = argparse.ArgumentParser(description="Recall's retrieval quality on LoCoMo conversations.")
+    parser.add_argument("--data", type=Path, default=DATA, help="a folder of LoCoMo conversation files")
+    parser.add_argument("--memories", choices=["observations"], help="ask again with these as the memories")
+    arguments = parser.parse_args()
+    run(arguments.data, arguments.memories)
+
+
+def run(data: Path, memories: str | None) -> None:
+    conversations = sorted(data.glob("*.json"))
     with bench_app() as app:
         app.config["RECALL_MAX_RESULTS"] = 10
         dialect = db.engine.dialect.name
@@ -172,7 +188,7 @@ def main() -> None:
         print(f"{dialect}: {len(loaded)} conversations, {sum(len(t) for *_, t in loaded):,} turns loaded and embedded "
               f"in {time.perf_counter() - started:.0f} s")  # fmt: skip
         scores: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
-        started = time.perf_counter()
+        asked = time.perf_counter()
         for conversation, agent, chat, ids, turns in loaded:
             by_id = {i: dia for dia, i in ids.items()}
             by_text = {_key(text): dia for dia, text in turns}
@@ -180,12 +196,7 @@ def main() -> None:
             okapi = Okapi(turns)
             reply = factories.message(chat, "", author=agent, status="streaming")
             context = ToolContext(agent=agent, chat=chat, message=reply)
-            for question in conversation["qa"]:
-                category = CATEGORIES.get(question["category"])
-                evidence = _evidence(question, ids)
-                if category is None or not evidence:
-                    continue
-                text = question["question"]
+            for category, text, evidence in _questions(conversation, ids):
                 vector = search.query_vector(text)
                 runs = {
                     "words": _turns(search.messages(chats, text, 10), by_id),
@@ -197,10 +208,69 @@ def main() -> None:
                 for name, results in runs.items():
                     for group in (category, "all"):
                         scores[name][group].append([_score(results, evidence, k) for k in K])
-        elapsed = time.perf_counter() - started
+        if memories == "observations":
+            started = time.perf_counter()
+            count = sum(
+                _observations(conversation, agent, chat, ids) for conversation, agent, chat, ids, _ in loaded
+            )
+            search.backend().refresh_term_stats()
+            db.session.commit()
+            cached.save()
+            print(f"{count:,} observations loaded as memories in {time.perf_counter() - started:.0f} s")
+            for conversation, agent, chat, ids, turns in loaded:
+                by_text = {_key(text): dia for dia, text in turns}
+                reply = factories.message(chat, "", author=agent, status="streaming")
+                context = ToolContext(agent=agent, chat=chat, message=reply)
+                for category, text, evidence in _questions(conversation, ids):
+                    results = _recalled(recall(context, text), by_text)
+                    for group in (category, "all"):
+                        scores["memories"][group].append([_score(results, evidence, k) for k in K])
         _print(scores)
-        print(f"{sum(len(v) for v in scores['okapi'].values()) // 2} questions in {elapsed:.0f} s")
+        print(
+            f"{sum(len(v) for v in scores['okapi'].values()) // 2} questions in {time.perf_counter() - asked:.0f} s"
+        )
         app.logger.info("done")
+
+
+def _questions(conversation: dict, ids: dict) -> list[tuple[str, str, set[str]]]:
+    """(category, question, evidence dia_ids) of each answerable question with evidence among the turns."""
+    asked = []
+    for question in conversation["qa"]:
+        category = CATEGORIES.get(question["category"])
+        evidence = _evidence(question, ids)
+        if category is not None and evidence:
+            asked.append((category, question["question"], evidence))
+    return asked
+
+
+def _observations(conversation: dict, agent, chat, ids: dict) -> int:
+    """Each session's observations as the agent's memories of the chat, with the turns they cite as sources."""
+    rows, cited = [], []
+    for key, by_speaker in conversation.items():
+        if not re.fullmatch(r"session_\d+_observation", key):
+            continue
+        at = _when(conversation[key.replace("_observation", "_date_time")])
+        for observations in by_speaker.values():
+            for text, *refs in observations:
+                rows.append({"agent_id": agent.id, "content": text, "memory_type": "journal", "chat_id": chat.id,
+                             "audience": "chat", "created_at": at, "updated_at": at})  # fmt: skip
+                flat = [r for ref in refs for r in (ref if isinstance(ref, list) else [ref])]
+                cited.append(_evidence({"evidence": flat}, ids))
+    memories = [AgentMemory(**row) for row in rows]  # the model's validators set its hash and tokens
+    db.session.add_all(memories)
+    db.session.flush()
+    db.session.execute(
+        sa.insert(MemorySource),
+        [
+            {"memory_id": m.id, "message_id": ids[dia]}
+            for m, dias in zip(memories, cited, strict=True)
+            for dia in dias
+        ],
+    )
+    db.session.commit()
+    indexing.index_memories([m.id for m in memories])
+    db.session.commit()
+    return len(memories)
 
 
 def _dense_only(chats, text: str, vector) -> list:

@@ -31,6 +31,7 @@ from webapp.models import (
 )
 from webapp.models.access import memories_heard_by
 from webapp.models.audit import record_change, rollback_session, undo
+from webapp.models.memories import add_sources
 from webapp.timeutil import utcnow
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,7 +81,7 @@ def ada(admin, member):
     reply = factories.message(roses, "Noted: you grow roses.", author=ada)
     factories.message(team, "Basil here: tulips are better.", author=basil)
     factories.message(team, "Both are fine.", author=admin)
-    factories.message(secrets, "Plan a surprise for Dana.", author=member)
+    planned = factories.message(secrets, "Plan a surprise for Dana.", author=member)
 
     def create(content, memory_type="core", via="admin", user=None, **fields):
         memory = AgentMemory(agent=ada, content=content, memory_type=memory_type, **fields)
@@ -108,7 +109,11 @@ def ada(admin, member):
     row = db.session.scalar(sa.select(AuditLog).where(AuditLog.auditable_id == faded.id))
     row.data = {**row.data, "chat_id": roses.id, "first_message_id": asked.id, "last_message_id": reply.id}
     tulips = create("Basil prefers tulips", via="save_memory", chat_id=team.id, audience="chat")
-    create("Milo plans a surprise for Dana", via="consolidation", chat_id=secrets.id, audience="chat")
+    add_sources(faded, [asked.id, reply.id])
+    surprise = create(
+        "Milo plans a surprise for Dana", via="consolidation", chat_id=secrets.id, audience="chat"
+    )
+    add_sources(surprise, [planned.id])
     gone = create("Dana dislikes lilies", via="save_memory", chat_id=roses.id, audience="chat")
     before = gone.snapshot()
     gone.soft_delete()
@@ -315,6 +320,10 @@ def test_with_chats_round_trip_reproduces_the_chats_messages_and_provenance(runn
     second = _export(runner, "Ada", "--account", "Globex", "--with-chats")
 
     assert second["memories"] == first["memories"]
+    roses_messages = [m["ref"] for c in first["chats"] if c["title"] == "Roses" for m in c["messages"]]
+    assert (
+        next(m for m in first["memories"] if m["content"] == "Dana grows roses")["sources"] == roses_messages
+    )
     _same_sessions(first["audit"], second["audit"][:-1])
     compared = ("ref", "included", "title", "source", "group", "created_at", "last_message_at",
                 "discarded_at", "other_agents", "joined_at", "summary", "summary_generated_at",
@@ -469,6 +478,10 @@ def test_download_is_the_agent_file_with_the_chats_the_admin_may_read(client, si
     milos = next(c for c in chats.values() if c["people"] and c["people"][0]["name"] == "milo")
     assert milos["title"] is None and not milos["included"] and "messages" not in milos
     assert "Plan a surprise" not in response.text
+    surprise = next(m for m in document["memories"] if m["content"] == "Milo plans a surprise for Dana")
+    assert "sources" not in surprise  # its message is in a chat the admin may not read
+    faded = next(m for m in document["memories"] if m["content"] == "Dana grows roses")
+    assert len(faded["sources"]) == 2
     assert document["exported_by"] == {"name": "dana", "email": "dana@example.com"}
     row = db.session.scalar(sa.select(AuditLog).where(AuditLog.action == "agent_export"))
     assert row.user_id == signed_in.id and row.data["with_chats"] is True

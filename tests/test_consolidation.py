@@ -427,11 +427,11 @@ def test_paused_agents_are_left_out(group_chat, ada, basil, fake_llm):
 
 
 def test_a_second_run_that_read_the_same_cursor_saves_nothing(group_chat, ada, fake_llm):
-    from webapp.jobs.consolidation import AgentOutcome, CursorMoved, _save_chunk
+    from webapp.jobs.consolidation import AgentOutcome, CursorMoved, Extracted, _save_chunk
 
     link_id = db.session.scalar(sa.select(ChatAgent.id).where(ChatAgent.agent_id == ada.id))
     through = max(m.id for m in group_chat_messages(group_chat))
-    extracted = {"journal": ["a paraphrase the hash check would miss"], "core": []}
+    extracted = {"journal": [Extracted("a paraphrase the hash check would miss", [], False)], "core": []}
     _save_chunk(link_id, ada.id, group_chat.id, extracted, None, (1, through), AgentOutcome("Ada"))
 
     with pytest.raises(CursorMoved):  # the other run also started from no cursor
@@ -439,7 +439,7 @@ def test_a_second_run_that_read_the_same_cursor_saves_nothing(group_chat, ada, f
             link_id,
             ada.id,
             group_chat.id,
-            {"journal": ["another paraphrase"], "core": []},
+            {"journal": [Extracted("another paraphrase", [], False)], "core": []},
             None,
             (1, through),
             AgentOutcome("Ada"),

@@ -182,6 +182,8 @@ class Entry:
             lines.append(f"Undoes change #{data['undo_of']}")
         if data.get("merged_into"):
             lines.append(f"Merged into memory #{data['merged_into']}")
+        if data.get("source_message_ids"):  # the turns a consolidation's memory named
+            lines.append("Drawn from messages " + ", ".join(f"#{i}" for i in data["source_message_ids"]))
         if data.get("proposal_id"):
             outcome = ", ".join(f"{data[k]} {k}" for k in ("applied", "rejected", "stale") if data.get(k))
             lines.append(f"Proposal #{data['proposal_id']}" + (f": {outcome}" if outcome else ""))

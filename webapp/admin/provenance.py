@@ -17,6 +17,7 @@ from flask import abort, render_template
 from flask.typing import ResponseReturnValue
 from flask_login import current_user
 
+from webapp import search
 from webapp.admin.common import bp
 from webapp.extensions import db
 from webapp.models import AgentMemory, AuditLog, Chat, ChatPerson, Message, ReplySources, User
@@ -68,10 +69,16 @@ class Origin:
 
 def provenance(memories: list[AgentMemory]) -> dict[str, Any]:
     """What a page of memories shows of where each came from, who hears it and who deleted it: `origins` by memory
-    id, `chats` (the chats they came from, as ChatLabels) by chat id, and `deleted_by` (Deletion) by memory id.
-    Four queries for any page of them."""
+    id, `chats` (the chats they came from, as ChatLabels) by chat id, `deleted_by` (Deletion) by memory id, and
+    the turns each came from that the admin may read (`sources`). Six queries for any page of them."""
     origins, deleted_by = origins_for(memories)
-    return {"origins": origins, "chats": _chats_of(origins, memories), "deleted_by": deleted_by}
+    readable = sa.select(Chat.id).where(readable_chats(current_user))
+    return {
+        "origins": origins,
+        "chats": _chats_of(origins, memories),
+        "deleted_by": deleted_by,
+        "sources": search.source_turns([m.id for m in memories], readable),
+    }
 
 
 def _chats_of(origins: dict[int, "Origin"], memories: list[AgentMemory]) -> dict[int, ChatLabel]:

@@ -18,6 +18,7 @@ from webapp.models import (
     Chat,
     ChatAgent,
     ChatPerson,
+    MemorySource,
     Message,
     ReplySources,
     User,
@@ -92,6 +93,7 @@ def export_agent(agent: Agent, *, with_chats: bool = False, reader: User | None 
     for message in messages:
         by_chat[message.chat_id].append(message)
     people = _people([chat.id for chat in chats])
+    memory_sources = _memory_sources(agent)
     return {
         "format": FORMAT,
         "version": VERSION,
@@ -99,7 +101,7 @@ def export_agent(agent: Agent, *, with_chats: bool = False, reader: User | None 
         "exported_by": person(reader),
         "with_chats": with_chats,
         "agent": _settings(agent),
-        "memories": [_memory(memory, refs) for memory in memories],
+        "memories": [_memory(memory, refs, memory_sources.get(memory.id, [])) for memory in memories],
         "audit": [_audit_row(row, user, refs) for row, user in rows],
         "sessions": _sessions([row for row, _user in rows]),
         "chats": [
@@ -136,8 +138,23 @@ def _settings(agent: Agent) -> dict[str, Any]:
     }
 
 
-def _memory(memory: AgentMemory, refs: _Refs) -> dict[str, Any]:
-    return {
+def _memory_sources(agent: Agent) -> dict[int, list[int]]:
+    """The ids of the messages each of the agent's memories came from, oldest first."""
+    found = defaultdict(list)
+    for memory_id, message_id in db.session.execute(
+        sa.select(MemorySource.memory_id, MemorySource.message_id)
+        .join(AgentMemory, AgentMemory.id == MemorySource.memory_id)
+        .where(AgentMemory.agent_id == agent.id)
+        .order_by(MemorySource.message_id)
+    ):
+        found[memory_id].append(message_id)
+    return found
+
+
+def _memory(memory: AgentMemory, refs: _Refs, source_ids: list[int]) -> dict[str, Any]:
+    """A memory, with the messages it came from that the file carries (those of the chats the reader may read
+    and included)."""
+    entry = {
         "ref": refs.get("memory", memory.id),
         "memory_type": memory.memory_type,
         "constitutional": memory.constitutional,
@@ -148,6 +165,8 @@ def _memory(memory: AgentMemory, refs: _Refs) -> dict[str, Any]:
         "updated_at": iso(memory.updated_at),
         "deleted_at": iso(memory.deleted_at),
     }
+    sources = refs.all("message", source_ids)
+    return entry | {"sources": sources} if sources else entry
 
 
 def _audit_rows(agent: Agent, refs: _Refs) -> list[tuple[AuditLog, User | None]]:

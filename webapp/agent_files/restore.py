@@ -48,6 +48,7 @@ from webapp.models import (
     Chat,
     ChatAgent,
     ChatPerson,
+    MemorySource,
     Message,
     ReplySources,
     User,
@@ -265,6 +266,8 @@ def _check_references(document: dict[str, Any]) -> None:
     pools = {"memory": memories, "audit": audit, "chat": chats, "message": messages}
     for ref, memory in memories.items():
         _check_memory(ref, memory, chats)
+        for message_ref in memory.get("sources", []):
+            _known(message_ref, messages, f"memory {ref}'s sources", "message")
     for ref, row in audit.items():
         _check_audit_row(ref, row, pools)
     for ref, chat in chats.items():
@@ -384,6 +387,7 @@ class _Restore:
         for entry in self.document["memories"]:
             self._memory(entry)
         db.session.flush()
+        self._memory_sources()
         self._sources()
         self._steps()
         for entry in self.document["audit"]:
@@ -569,6 +573,16 @@ class _Restore:
             raise AgentFileError(f"Memory {entry['ref']}: {error}") from None
         db.session.add(memory)
         self.memories[entry["ref"]] = memory
+
+    def _memory_sources(self) -> None:
+        """The messages each memory came from, by their new ids."""
+        rows = [
+            {"memory_id": self.memories[entry["ref"]].id, "message_id": self.messages[ref].id}
+            for entry in self.document["memories"]
+            for ref in dict.fromkeys(entry.get("sources", []))
+        ]
+        if rows:
+            db.session.execute(sa.insert(MemorySource), rows)
 
     def _sources(self) -> None:
         """The provenance of the agent's replies, with the new ids of the memories and chats they name."""

@@ -9,7 +9,9 @@ from webapp.models.chats import CHAT_SOURCES, CHAT_VISIBILITIES, MESSAGE_ROLES
 from webapp.models.memories import AUDIENCES, MAX_CONTENT_CHARS, MEMORY_TYPES
 
 FORMAT = "cairn-agent"
-VERSION = 2  # 2: a reply's tool steps are objects, naming the memory or chat they link to by reference
+# 2: a reply's tool steps are objects, naming the memory or chat they link to by reference; a memory may name
+# the messages it came from (sources)
+VERSION = 2
 READ_VERSIONS = (1, 2)  # a version-1 file is upgraded as it is read (webapp.agent_files.restore)
 SCHEMA_ID = "https://cairn.local/schemas/cairn-agent-2.schema.json"
 
@@ -153,6 +155,10 @@ _MEMORY = {
         "created_at": {**_DATETIME, "description": "Journal entries fade from prompts 7 days after this."},
         "updated_at": _DATETIME,
         "deleted_at": _nullable(_DATETIME),
+        "sources": {
+            **_refs("message"),
+            "description": "The messages it came from, those the file carries (none: no key).",
+        },
     },
 }
 

@@ -37,6 +37,7 @@ from webapp.models.memories import (
     MAX_CONTENT_CHARS,
     MEMORY_TYPES,
     active_memories,
+    add_sources,
     content_hash_of,
     memories_within,
 )
@@ -214,7 +215,7 @@ def _consolidate_for_agent(link_id: int, through_id: int) -> AgentOutcome:
             "consolidation_extract.txt",
             identity=identity,
             known=memories_within(agent_id, utcnow(), budget, heard=heard),
-            transcript="\n\n".join(text for _, text in chunk),
+            transcript=numbered_turns(chunk),
         )
         db.session.commit()  # no transaction stays open while the model thinks
         try:
@@ -230,7 +231,7 @@ def _consolidate_for_agent(link_id: int, through_id: int) -> AgentOutcome:
             outcome.error = error  # this agent's cursor stays after its last saved chunk
             log.warning("extraction failed for agent %s in chat %s: %s", agent_id, chat_id, error)
             return outcome
-        extracted = _parse_extraction(result.text, outcome)
+        extracted = _parse_extraction(result.text, [message_id for message_id, _ in chunk], outcome)
         try:
             _save_chunk(link_id, agent_id, chat_id, extracted, cursor, (chunk[0][0], chunk[-1][0]), outcome)
         except CursorMoved:
@@ -279,20 +280,61 @@ def chunk_messages(lines: list[tuple[int, str]], target_tokens: int) -> list[lis
     return chunks
 
 
-def _parse_extraction(text: str, outcome: AgentOutcome) -> dict[str, list[str]]:
-    """{"journal": [...], "core": [...]} of usable strings; malformed output counts and extracts nothing."""
+def numbered_turns(chunk: list[tuple[int, str]]) -> str:
+    """The chunk's turns as the extraction prompt shows them, each with its number ("[3] [Ana]: ...")."""
+    return "\n\n".join(f"[{number}] {text}" for number, (_, text) in enumerate(chunk, start=1))
+
+
+@dataclass
+class Extracted:
+    """A memory the model returned and the ids of the messages it came from."""
+
+    content: str
+    sources: list[int]
+    named: bool  # the model named its turns (else its sources are the whole chunk)
+
+
+def _parse_extraction(text: str, chunk_ids: list[int], outcome: AgentOutcome) -> dict[str, list[Extracted]]:
+    """{"journal": [...], "core": [...]} of usable memories; malformed output counts and extracts nothing. A
+    memory's sources are the turns it names that are in the chunk (by their numbers), or the whole chunk when
+    it names none of them."""
     parsed = parse_json_object(text)
     if parsed is None:
         outcome.malformed += 1
         return {"journal": [], "core": []}
-    return {kind: _usable(parsed.get(kind)) for kind in MEMORY_TYPES}
+    return {kind: _usable(parsed.get(kind), chunk_ids) for kind in MEMORY_TYPES}
 
 
-def _usable(values: Any) -> list[str]:
+def _usable(values: Any, chunk_ids: list[int]) -> list[Extracted]:
     if not isinstance(values, list):
         return []
-    texts = [str(v).strip() for v in values if isinstance(v, str | int | float) and not isinstance(v, bool)]
-    return [t for t in texts if 1 <= len(t) <= MAX_CONTENT_CHARS]
+    usable = []
+    for value in values:
+        content, turns = (
+            (value.get("memory"), value.get("turns")) if isinstance(value, dict) else (value, None)
+        )
+        if not isinstance(content, str | int | float) or isinstance(content, bool):
+            continue
+        content = str(content).strip()
+        if 1 <= len(content) <= MAX_CONTENT_CHARS:
+            named = _named(turns, chunk_ids)
+            usable.append(Extracted(content, named or chunk_ids, bool(named)))
+    return usable
+
+
+def _named(turns: Any, chunk_ids: list[int]) -> list[int]:
+    """The ids of the chunk's turns among the numbers given (others are dropped), in order."""
+    numbers = turns if isinstance(turns, list) else [turns]
+    valid = {n for n in map(_turn_number, numbers) if n is not None and 1 <= n <= len(chunk_ids)}
+    return [chunk_ids[n - 1] for n in sorted(valid)]
+
+
+def _turn_number(value: Any) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().strip("[]").isdigit():
+        return int(value.strip().strip("[]"))
+    return None
 
 
 class CursorMoved(Exception):
@@ -308,7 +350,7 @@ def _save_chunk(
     link_id: int,
     agent_id: int,
     chat_id: int,
-    extracted: dict[str, list[str]],
+    extracted: dict[str, list[Extracted]],
     from_message_id: int | None,
     chunk_range: tuple[int, int],
     outcome: AgentOutcome,
@@ -332,23 +374,26 @@ def _save_chunk(
         db.session.scalars(active_memories(agent_id).where(heard).with_only_columns(AgentMemory.content_hash))
     )
     for kind in MEMORY_TYPES:
-        for content in extracted[kind]:
-            if content_hash_of(content) in known:
+        for memory in extracted[kind]:
+            if content_hash_of(memory.content) in known:
                 outcome.duplicates += 1
                 continue
-            known.add(content_hash_of(content))
-            _add_memory(agent_id, chat_id, chunk_range, content, kind)
+            known.add(content_hash_of(memory.content))
+            _add_memory(agent_id, chat_id, chunk_range, memory, kind)
             setattr(outcome, kind, getattr(outcome, kind) + 1)
     db.session.commit()
 
 
-def _add_memory(agent_id: int, chat_id: int, chunk_range: tuple[int, int], content: str, kind: str) -> None:
-    """A new memory of the chat (heard by whoever may read it), its provenance (the chat and the messages it
-    came from) in its creation audit row."""
+def _add_memory(
+    agent_id: int, chat_id: int, chunk_range: tuple[int, int], extracted: Extracted, kind: str
+) -> None:
+    """A new memory of the chat (heard by whoever may read it) with its sources; its provenance (the chat, the
+    messages read and those it came from) in its creation audit row."""
     memory = AgentMemory(
-        agent_id=agent_id, content=content, memory_type=kind, chat_id=chat_id, audience="chat"
+        agent_id=agent_id, content=extracted.content, memory_type=kind, chat_id=chat_id, audience="chat"
     )
     db.session.add(memory)
+    add_sources(memory, extracted.sources)
     first, last = chunk_range
     record_change(
         memory,
@@ -358,4 +403,6 @@ def _add_memory(agent_id: int, chat_id: int, chunk_range: tuple[int, int], conte
         chat_id=chat_id,
         first_message_id=first,
         last_message_id=last,
+        # The turns it names; one that named none came from the whole range read.
+        **({"source_message_ids": extracted.sources} if extracted.named else {}),
     )

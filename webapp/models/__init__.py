@@ -6,7 +6,7 @@ from webapp.models.api_keys import ApiKey
 from webapp.models.audit import AuditLog
 from webapp.models.chats import Chat, ChatAgent, ChatHidden, ChatPerson, Message
 from webapp.models.connections import Connection
-from webapp.models.memories import AgentMemory, ReplySources
+from webapp.models.memories import AgentMemory, MemorySource, ReplySources
 from webapp.models.proposals import MemoryProposal, ProposedChange
 from webapp.models.runs import JobRun, LlmCall
 from webapp.models.search import EmbeddingQueue, SearchTableStats, SearchTermStats
@@ -26,6 +26,7 @@ __all__ = [
     "JobRun",
     "LlmCall",
     "MemoryProposal",
+    "MemorySource",
     "Message",
     "ProposedChange",
     "ReplySources",

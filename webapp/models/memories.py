@@ -188,6 +188,44 @@ class AgentMemory(db.Model):
         self.deleted_at = datetime.fromisoformat(deleted_at) if deleted_at else None
 
 
+class MemorySource(db.Model):
+    """A message a memory was drawn from (issue 33): the turns an extraction named, the person's message (and the
+    agent's reply it quotes) behind a save_memory call; a merge keeps its parts' sources, a rewrite or promotion
+    its own. Read within chats the access rule admits (webapp.search.sources, the ledger): a source is shown
+    only to whoever may read its chat."""
+
+    __tablename__ = "memory_sources"
+
+    memory_id: Mapped[int] = mapped_column(
+        sa.ForeignKey("agent_memories.id", ondelete="CASCADE"), primary_key=True
+    )
+    message_id: Mapped[int] = mapped_column(
+        sa.ForeignKey("messages.id", ondelete="CASCADE"), primary_key=True, index=True
+    )
+
+
+def add_sources(memory: AgentMemory, message_ids: Sequence[int]) -> None:
+    """Record the messages a new memory came from (flushing it for its id); none is nothing to record."""
+    if not message_ids:
+        return
+    db.session.flush([memory])
+    db.session.add_all(MemorySource(memory_id=memory.id, message_id=i) for i in dict.fromkeys(message_ids))
+
+
+def source_ids(memory_ids: Sequence[int]) -> list[int]:
+    """The ids of the messages these memories came from, oldest first, each once (a merge keeps them all)."""
+    if not memory_ids:
+        return []
+    return list(
+        db.session.scalars(
+            sa.select(MemorySource.message_id)
+            .where(MemorySource.memory_id.in_(memory_ids))
+            .distinct()
+            .order_by(MemorySource.message_id)
+        )
+    )
+
+
 # The scopes: each set of memories the app reads is defined here once. `agent_id` may be a column (Agent.id)
 # to correlate a scope with a query over agents.
 

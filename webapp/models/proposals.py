@@ -29,7 +29,14 @@ from webapp.models.accounts import User
 from webapp.models.agents import Agent
 from webapp.models.audit import AuditLog, record_change
 from webapp.models.drift import drift_of
-from webapp.models.memories import AgentMemory, checked_content, content_hash_of, core_token_usage
+from webapp.models.memories import (
+    AgentMemory,
+    add_sources,
+    checked_content,
+    content_hash_of,
+    core_token_usage,
+    source_ids,
+)
 from webapp.timeutil import utcnow
 from webapp.tokens import count_tokens
 
@@ -77,6 +84,7 @@ def merge(
         audience=memories[0].audience,
     )
     db.session.add(merged)
+    add_sources(merged, source_ids([m.id for m in memories]))  # the union of its parts' sources
     audit = dict(via=via, session_id=session_id, user_id=user_id, **extra)
     record_change(merged, "memory_refinement_consolidate_create", None, **audit)
     for memory in memories:

@@ -1,10 +1,20 @@
+from collections.abc import Sequence
 from typing import Any
 
+import sqlalchemy as sa
+
 from webapp.extensions import db
-from webapp.models import Agent, AgentMemory, Chat
+from webapp.models import Agent, AgentMemory, Chat, Message
 from webapp.models.access import memories_heard_in
 from webapp.models.audit import record_change
-from webapp.models.memories import JOURNAL_WINDOW, MAX_CONTENT_CHARS, active_memories, content_hash_of
+from webapp.models.memories import (
+    JOURNAL_WINDOW,
+    MAX_CONTENT_CHARS,
+    active_memories,
+    add_sources,
+    content_hash_of,
+    normalized,
+)
 from webapp.timeutil import utcnow
 from webapp.tools.base import Tool, ToolContext
 
@@ -23,7 +33,13 @@ def save_memory(context: ToolContext, content: str, memory_type: str) -> dict[st
         return {"error": "content must not be empty."}
     # Provenance: the reply whose tool call saved it.
     memory, saved = remember(
-        context.agent, context.chat, content, memory_type, via="save_memory", message_id=context.message.id
+        context.agent,
+        context.chat,
+        content,
+        memory_type,
+        via="save_memory",
+        sources=led_to(context, content),
+        message_id=context.message.id,
     )
     if not saved:  # e.g. a retried reply running the same call again
         return {"saved": False, "memory_id": memory.id, "note": "You already remember exactly this."}
@@ -43,11 +59,13 @@ def remember(
     *,
     via: str,
     user_id: int | None = None,
+    sources: Sequence[int] = (),
     **provenance: Any,
 ) -> tuple[AgentMemory, bool]:
     """Save a memory of the agent from `chat` (heard by whoever may read that chat), with its audit row (`via`,
     the person if one acted, and the provenance given), committed; or the identical active memory already heard
-    there. Returns the memory and whether it is new. (save_memory and the MCP server's save_memory call this.)"""
+    there; `sources` are the ids of the messages it came from. Returns the memory and whether it is new.
+    (save_memory and the MCP server's save_memory call this.)"""
     # Only a memory heard here counts as already known: one heard elsewhere would stay unheard in this chat.
     existing = db.session.scalar(
         active_memories(agent.id)
@@ -64,9 +82,42 @@ def remember(
         audience="chat",  # whoever may read this chat, now and later (webapp.models.access)
     )
     db.session.add(memory)
+    add_sources(memory, sources)
     record_change(memory, "memory_create", None, via=via, user_id=user_id, chat_id=chat.id, **provenance)
     db.session.commit()
     return memory, True
+
+
+def led_to(context: ToolContext, content: str) -> list[int]:
+    """The messages a memory saved in this reply came from: the person's latest message before it, and the
+    agent's reply (this one so far, or its last before that message) when the memory quotes it."""
+    earlier = sa.select(Message).where(
+        Message.chat_id == context.chat.id, Message.id < context.message.id, Message.status == "done"
+    )
+    person = db.session.scalar(earlier.where(Message.role == "user").order_by(Message.id.desc()).limit(1))
+    if person is None:
+        return []
+    replies = [context.message]
+    replies += db.session.scalars(
+        earlier.where(
+            Message.agent_id == context.agent.id, Message.role == "assistant", Message.id < person.id
+        )
+        .order_by(Message.id.desc())
+        .limit(1)
+    )
+    quoted = [r.id for r in replies if _quotes(content, r.content or "")]
+    return sorted([person.id, *quoted])
+
+
+QUOTED_WORDS = (
+    5  # a memory quotes a reply when this many words in a row (or all of a shorter memory) are in it
+)
+
+
+def _quotes(content: str, reply: str) -> bool:
+    words, said = normalized(content).split(), f" {normalized(reply)} "
+    runs = [words[i : i + QUOTED_WORDS] for i in range(max(1, len(words) - QUOTED_WORDS + 1))]
+    return any(run and f" {' '.join(run)} " in said for run in runs)
 
 
 def fading_note(memory_type: str, whose: str = "your") -> str:

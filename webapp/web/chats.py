@@ -32,7 +32,7 @@ from sqlalchemy.orm import joinedload, selectinload
 from wtforms import SelectField, SelectMultipleField, StringField, TextAreaField, widgets
 from wtforms.validators import DataRequired, Length, ValidationError
 
-from webapp import events
+from webapp import events, search
 from webapp.extensions import db
 from webapp.jobs.followups import after_new_message
 from webapp.jobs.replies import request_replies, retry_refusal, retry_reply, stop_reply
@@ -573,6 +573,7 @@ def agent_memory(chat_id: int, agent_id: int) -> ResponseReturnValue:
     agent = _chat_agent_or_404(chat, agent_id)
     shown = agent.memory_visible_to(current_user)
     held = prompt_memory(targets.for_agent(agent), chat, agent, utcnow())[0].shown_as(shown)
+    readable = sa.select(Chat.id).where(access.readable_chats(current_user))
     return render_template(
         "chats/agent_memory.html",
         chat=chat,
@@ -580,6 +581,9 @@ def agent_memory(chat_id: int, agent_id: int) -> ResponseReturnValue:
         held=held,
         shown=shown,
         forgettable=_forgettable(held.ids),
+        sources=search.source_turns(
+            held.ids, readable
+        ),  # the turns each came from, those this person may read
     )
 
 
@@ -596,8 +600,8 @@ def _forgettable(memory_ids: list[int]) -> set[int]:
 @bp.post("/<int:chat_id>/agents/<int:agent_id>/memory/<int:memory_id>/forget")
 @login_required
 def forget_memory(chat_id: int, agent_id: int, memory_id: int) -> ResponseReturnValue:
-    """Forget a memory the agent's memory page shows here: a member one that came from a chat they may read, an
-    admin any (access.memories_forgettable_by). A soft delete audited as them, which an admin can undo; the agent
+    """Forget a memory the agent's memory page shows here: a member one that came from a chat they are one of the
+    people of, an admin any (access.memories_forgettable_by). A soft delete audited as them, which an admin can undo; the agent
     is not told. Any other memory is not found, and nothing changes."""
     chat = readable_chat_or_404(chat_id)
     agent = _chat_agent_or_404(chat, agent_id)
