@@ -169,9 +169,12 @@ def same_audience(first: AgentMemory, second: AgentMemory) -> bool:
     return Audience.of(first) == Audience.of(second)
 
 
+IDS_PER_QUERY = 10_000
+
+
 def drawn_on(chat: Chat) -> set[int]:
     """The ids of the other chats whose words reached this chat's replies: recalled or borrowed from, listed by
-    their summaries, or heard through a memory made from them (two queries)."""
+    their summaries, or heard through a memory made from them (two queries, for up to IDS_PER_QUERY memories)."""
     chat_ids: set[int] = set()
     memory_ids: set[int] = set()
     for recalled, summarized, borrowed, held, recalled_memories in db.session.execute(
@@ -187,14 +190,11 @@ def drawn_on(chat: Chat) -> set[int]:
     ):
         chat_ids.update(recalled or [], summarized or [], [borrowed] if borrowed else [])
         memory_ids.update(held or [], recalled_memories or [])
-    if memory_ids:
-        chat_ids.update(
-            db.session.scalars(
-                sa.select(AgentMemory.chat_id).where(
-                    AgentMemory.id.in_(memory_ids), AgentMemory.audience == "chat"
-                )
-            )
-        )
+    ids = sorted(memory_ids)
+    for start in range(0, len(ids), IDS_PER_QUERY):  # within SQLite's limit of bound parameters
+        part = ids[start : start + IDS_PER_QUERY]
+        query = sa.select(AgentMemory.chat_id).where(AgentMemory.id.in_(part), AgentMemory.audience == "chat")
+        chat_ids.update(db.session.scalars(query))
     chat_ids.discard(chat.id)
     return chat_ids
 
