@@ -18,7 +18,7 @@ or as their floor gave R@10 0.81 to 0.83 on the dev conversations, against 0.83 
 import contextvars
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -140,7 +140,7 @@ def memory_ids(
     scope = (AgentMemory.agent_id == agent_id, *scope)
     admitted = sa.select(AgentMemory.id).where(*scope)
     dense = _dense_meanwhile("memory", vector, [agent_id], admitted, meanwhile=meanwhile)
-    return fuse(_lexical(AgentMemory, text, scope), dense(), k)
+    return fuse(_signals(_lexical(AgentMemory, text, scope), dense()), k)
 
 
 def messages(
@@ -154,7 +154,7 @@ def messages(
         return []
     dense = _dense_meanwhile("message", vector, chat_ids, admitted=None)
     lexical = _lexical(Message, text, (backend().among(Message.chat_id, chat_ids), *READABLE))
-    return excerpts(fuse(lexical, dense(), k))
+    return excerpts(fuse(_signals(lexical, dense()), k))
 
 
 def sources(memory_ids: list[int], chats: sa.Select) -> dict[int, list[int]]:
@@ -285,20 +285,37 @@ def nearest(
     return found
 
 
-def fuse(lexical: list[tuple[int, float]], dense: list[tuple[int, float]], k: int) -> list[int]:
-    """The k best ids of two ranked lists: each list's scores as z-scores, the vector list's weighted by
-    DENSE_WEIGHT, a row missing from a list scoring that list's lowest. Rows found by meaning alone must be
-    MIN_SIMILARITY close."""
-    found_by_words = {i for i, _ in lexical}
-    dense = [(i, s) for i, s in dense if s >= MIN_SIMILARITY or i in found_by_words]
-    lexical_z, dense_z = _z_scores(lexical), _z_scores(dense)
-    floor_lexical = min(lexical_z.values(), default=0.0)
-    floor_dense = min(dense_z.values(), default=0.0)
-    combined = {
-        i: lexical_z.get(i, floor_lexical) + DENSE_WEIGHT * dense_z.get(i, floor_dense)
-        for i in [*lexical_z, *dense_z]
-    }
+@dataclass(frozen=True)
+class Signal:
+    """One ranked list of (id, score), higher is better, and its weight in the fused ranking. A row that this
+    list alone found counts only when it scores at least `alone_at_least` (a row found by meaning alone must be
+    MIN_SIMILARITY close). A new kind of evidence is one more Signal given to `fuse`."""
+
+    hits: list[tuple[int, float]]
+    weight: float = 1.0
+    alone_at_least: float = float("-inf")
+
+
+def fuse(signals: Sequence[Signal], k: int) -> list[int]:
+    """The k best ids of the signals' ranked lists: each list's scores as z-scores times its weight, a row missing
+    from a list scoring that list's lowest."""
+    found = [{i for i, _ in signal.hits} for signal in signals]
+    combined: dict[int, float] = {}
+    ranked = []
+    for n, signal in enumerate(signals):
+        elsewhere = set().union(*(ids for m, ids in enumerate(found) if m != n))
+        kept = [(i, score) for i, score in signal.hits if score >= signal.alone_at_least or i in elsewhere]
+        z = _z_scores(kept)
+        ranked.append((signal.weight, z, min(z.values(), default=0.0)))
+        combined.update(dict.fromkeys(z, 0.0))
+    for i in combined:
+        combined[i] = sum(weight * z.get(i, floor) for weight, z, floor in ranked)
     return sorted(combined, key=lambda i: -combined[i])[:k]
+
+
+def _signals(lexical: list[tuple[int, float]], dense: list[tuple[int, float]]) -> list[Signal]:
+    """What a search ranks by: the words (BM25), and the meaning (cosine similarity), weighted DENSE_WEIGHT."""
+    return [Signal(lexical), Signal(dense, DENSE_WEIGHT, alone_at_least=MIN_SIMILARITY)]
 
 
 def _z_scores(hits: list[tuple[int, float]]) -> dict[int, float]:

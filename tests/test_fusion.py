@@ -1,0 +1,28 @@
+"""Search fuses ranked lists it is given as signals (issue 34): each list's z-scores times its weight; a third kind
+of evidence is one more Signal, with no change to fuse."""
+
+from webapp.search import DENSE_WEIGHT, MIN_SIMILARITY, Signal, fuse
+
+
+def test_words_and_meaning_fuse_as_two_weighted_signals():
+    words = [(1, 9.0), (2, 5.0), (3, 1.0)]
+    meaning = [(3, 0.9), (4, 0.8), (5, MIN_SIMILARITY / 2)]  # 5: found by meaning alone, and not close enough
+
+    ranked = fuse([Signal(words), Signal(meaning, DENSE_WEIGHT, alone_at_least=MIN_SIMILARITY)], k=10)
+
+    assert ranked[0] in (1, 3) and set(ranked) == {1, 2, 3, 4}
+
+
+def test_a_third_signal_moves_what_it_vouches_for_up():
+    words = [(1, 9.0), (2, 8.0), (3, 7.0)]
+    without = fuse([Signal(words)], k=3)
+    with_sources = fuse([Signal(words), Signal([(3, 5.0), (1, 0.0)], weight=3.0)], k=3)
+
+    assert without == [1, 2, 3]
+    assert with_sources[0] == 3
+
+
+def test_a_row_below_its_floor_counts_when_another_signal_found_it():
+    weak = [(7, 0.01), (8, 0.01)]
+
+    assert fuse([Signal([(7, 1.0)]), Signal(weak, alone_at_least=0.5)], k=5) == [7]
