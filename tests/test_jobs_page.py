@@ -138,6 +138,9 @@ def test_the_job_filter_offers_job_names_in_words(client, signed_in):
 
     assert '<option value="refine" selected>Refine core memory</option>' in html
     assert '<option value="reply">Reply</option>' in html
+    # Every job says what it is called where it is declared (recorded_job's title), the embedding jobs too.
+    assert '<option value="embed_memories_and_messages">Embed new memories and messages</option>' in html
+    assert ">Refresh search statistics</option>" in html and "Embed memories and messages<" not in html
 
 
 @pytest.mark.parametrize(

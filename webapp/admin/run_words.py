@@ -16,22 +16,9 @@ from sqlalchemy.orm import load_only
 
 from webapp.admin.common import bp
 from webapp.extensions import db
-from webapp.jobs.queue import target_ids
+from webapp.jobs.queue import JOB_TYPES, target_ids
 from webapp.models import Agent, Chat, JobRun, Message, access
 
-JOB_NAMES = {
-    "reply": "Reply",
-    "summarize": "Summarize conversation",
-    "compact": "Compact chat history",
-    "consolidate": "Extract memories from chat",
-    "consolidate_finder": "Find idle chats to extract memories from",
-    "reflect": "Reflect on the journal",
-    "reflect_finder": "Find agents with a journal to reflect on",
-    "refine": "Refine core memory",
-    "refine_finder": "Find agents due for refinement",
-    "ping": "Check the worker",
-    "pull_model": "Download a local model",
-}
 GONE = "a chat no longer here"
 GONE_ALL = "no longer here"
 PRIVATE = "a private chat"  # someone else's: that it exists is shown, not its title
@@ -45,7 +32,8 @@ _PLAIN = ("LLMError",)  # its message is written for people; its name adds nothi
 @bp.app_template_filter("job_name")
 def job_name(job_type: str) -> str:
     """ "refine" -> "Refine core memory"; a type this app does not know reads as its words."""
-    return JOB_NAMES.get(job_type, job_type.replace("_", " ").capitalize())
+    job = JOB_TYPES.get(job_type)
+    return job.job_kind.title if job else job_type.replace("_", " ").capitalize()
 
 
 @dataclass

@@ -48,7 +48,12 @@ def compact_if_needed(chat: Chat) -> bool:
 
 
 @recorded_job(
-    "compact", target=lambda chat_id: job_target(chat=chat_id), of=Chat, unique="active", timeout=backlog_time
+    "compact",
+    "Compact chat history",
+    target=lambda chat_id: job_target(chat=chat_id),
+    of=Chat,
+    unique="active",
+    timeout=backlog_time,
 )
 def compact_chat(chat_id: int) -> dict[str, Any]:
     """Summarize all but the newest messages after the cut into the chat's memory_doc, a batch at a time."""

@@ -86,7 +86,7 @@ def idle_threshold() -> timedelta:
     return timedelta(hours=current_app.config["CONSOLIDATION_IDLE_HOURS"])
 
 
-@recorded_job("consolidate_finder", unique="active")
+@recorded_job("consolidate_finder", "Find idle chats to extract memories from", unique="active")
 def consolidate_stale_chats() -> dict[str, int]:
     """Find the chats to consolidate and enqueue one job for each."""
     chat_ids = db.session.scalars(stale_chats_query(utcnow(), idle_threshold())).all()
@@ -129,6 +129,7 @@ class ConsolidationFailed(LLMError):
 
 @recorded_job(
     "consolidate",
+    "Extract memories from chat",
     target=lambda chat_id, force=False: job_target(chat=chat_id),
     of=Chat,
     unique="active",

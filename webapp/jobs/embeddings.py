@@ -114,7 +114,9 @@ def _time_limit(*_args: Any) -> int:
     return int(EMBEDDING_CALLS * current_app.config["EMBEDDING_TIMEOUT_SECONDS"]) + JOB_MARGIN_SECONDS
 
 
-@recorded_job("embed_memories_and_messages", unique="queued", timeout=_time_limit)
+@recorded_job(
+    "embed_memories_and_messages", "Embed new memories and messages", unique="queued", timeout=_time_limit
+)
 def embed_queued() -> dict[str, Any]:
     """Write the vectors of the memories and messages waiting in embedding_queue, a committed batch at a time.
 
@@ -139,7 +141,7 @@ def embed_queued() -> dict[str, Any]:
     return counts
 
 
-@recorded_job("find_waiting_embeddings", unique="active")
+@recorded_job("find_waiting_embeddings", "Find memories and messages waiting for vectors", unique="active")
 def queue_waiting() -> dict[str, int]:
     """Queue an embedding run if rows wait (hourly): what a failed run, or one skipped while another held the
     lock, left in embedding_queue; and the re-embedding of each account whose new embedder's vectors are not
@@ -172,6 +174,7 @@ def choose(account: Account, choice: str | None) -> bool:
 
 @recorded_job(
     "embed_for_new_model",
+    "Embed everything again for a new search model",
     lambda account_id: job_target(account=account_id),
     of=Account,
     unique="active",

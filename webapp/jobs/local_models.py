@@ -14,7 +14,9 @@ def model_target(name: str) -> str:
     return f"model:{name}"
 
 
-@recorded_job("pull_model", model_target, unique="active", timeout=lambda name: PULL_SECONDS)
+@recorded_job(
+    "pull_model", "Download a local model", model_target, unique="active", timeout=lambda name: PULL_SECONDS
+)
 def pull_model(name: str) -> dict[str, Any]:
     """Download, check and install one catalog model into instance/models/ (the model server then serves it)."""
     installed = pull(name, current_app.instance_path, current_app.config["MODEL_DOWNLOAD_BASE_URL"])

@@ -86,6 +86,7 @@ class JobKind:
     """What the queue knows about one recorded job function."""
 
     job_type: str
+    title: str  # what pages call it: "Refine core memory"
     target: Callable[..., str | None] | None
     of: type[Agent | Chat | Message] | None  # what the job's first argument is the id (or ids) of
     queue: str  # "replies" (served first) or "background"
@@ -329,6 +330,7 @@ def timed_out() -> str:
 
 def recorded_job(
     job_type: str,
+    title: str,
     target: Callable[..., str | None] | None = None,
     of: type[Agent | Chat | Message] | None = None,
     *,
@@ -340,7 +342,7 @@ def recorded_job(
 ) -> Callable[[Callable[..., dict | None]], Callable[..., dict | None]]:
     """Record each execution of the decorated job in job_runs and hold its target's lock while it runs.
 
-    `target` computes, from the job's arguments, a label for what it works on; `of` is the model whose id (or
+    `title` is what pages call the job ("Refine core memory"). `target` computes, from the job's arguments, a label for what it works on; `of` is the model whose id (or
     list of ids) the first argument is, and the run is recorded under that record's account. One run per
     target at a time: a second one finds the lock held and skips. `timeout(*args)` is the job's time limit in
     seconds (see model_time; None: NO_MODEL_SECONDS), after which RQ stops it and its run fails as timed out.
@@ -350,7 +352,7 @@ def recorded_job(
     """
 
     def decorator(func: Callable[..., dict[str, Any] | None]):
-        kind = JobKind(job_type, target, of, queue, unique, resume, on_interrupt, timeout)
+        kind = JobKind(job_type, title, target, of, queue, unique, resume, on_interrupt, timeout)
 
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> dict[str, Any]:

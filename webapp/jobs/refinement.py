@@ -66,7 +66,7 @@ def agents_due_query(now: datetime) -> sa.Select:
     )
 
 
-@recorded_job("refine_finder", unique="active")
+@recorded_job("refine_finder", "Find agents due for refinement", unique="active")
 def refine_due() -> dict[str, int]:
     """Mark proposals past their expiry expired; enqueue a refinement session for each agent that needs one."""
     expire_proposals(utcnow())
@@ -127,6 +127,7 @@ def _open_sessions(agent_id: int, since: datetime) -> list[str]:
 # One session per agent at a time (two would each get the full mutation cap and floor): the job's target lock.
 @recorded_job(
     "refine",
+    "Refine core memory",
     target=_target,
     of=Agent,
     unique="active",

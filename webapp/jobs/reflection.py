@@ -38,7 +38,7 @@ def agents_to_reflect_query(now: datetime) -> sa.Select:
     return sa.select(Agent.id).where(Agent.paused.is_(False), has_journal).order_by(Agent.id)
 
 
-@recorded_job("reflect_finder", unique="active")
+@recorded_job("reflect_finder", "Find agents with a journal to reflect on", unique="active")
 def reflect_all() -> dict[str, int]:
     """Enqueue one reflection per agent with something to reflect on."""
     agent_ids = db.session.scalars(agents_to_reflect_query(utcnow())).all()
@@ -50,6 +50,7 @@ def reflect_all() -> dict[str, int]:
 
 @recorded_job(
     "reflect",
+    "Reflect on the journal",
     target=lambda agent_id: job_target(agent=agent_id),
     of=Agent,
     unique="active",

@@ -104,7 +104,13 @@ def _time_limit(message_ids: list[int]) -> int:
 
 
 @recorded_job(
-    "reply", target=_target, of=Message, queue="replies", on_interrupt=_interrupted, timeout=_time_limit
+    "reply",
+    "Reply",
+    target=_target,
+    of=Message,
+    queue="replies",
+    on_interrupt=_interrupted,
+    timeout=_time_limit,
 )
 def respond(message_ids: list[int]) -> dict[str, int]:
     """Generate the pending replies in order (one agent, or "ask all"); each sees the replies before it."""

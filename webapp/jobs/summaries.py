@@ -34,7 +34,14 @@ def _target(chat_id: int, agent_id: int) -> str:
     return job_target(chat=chat_id, agent=agent_id)
 
 
-@recorded_job("summarize", target=_target, of=Chat, unique="queued", timeout=lambda *_: model_time(1))
+@recorded_job(
+    "summarize",
+    "Summarize conversation",
+    target=_target,
+    of=Chat,
+    unique="queued",
+    timeout=lambda *_: model_time(1),
+)
 def summarize(chat_id: int, agent_id: int) -> dict[str, int]:
     """Write the agent's summary of the chat from its last messages; a failure keeps the old summary."""
     chat_agent = db.session.scalar(

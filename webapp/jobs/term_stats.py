@@ -6,7 +6,7 @@ from webapp.extensions import db
 from webapp.jobs.queue import recorded_job
 
 
-@recorded_job("refresh_search_statistics", unique="queued")
+@recorded_job("refresh_search_statistics", "Refresh search statistics", unique="queued")
 def refresh_term_stats() -> dict[str, str]:
     """Count again how many memories and messages hold each word, and their mean length; on SQLite, refresh the
     query planner's statistics (hourly)."""
