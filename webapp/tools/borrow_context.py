@@ -7,7 +7,7 @@ from webapp.models import Chat, ChatAgent, public_ids
 from webapp.models.access import chats_heard_in
 from webapp.models.chats import recent_messages
 from webapp.timeutil import utcnow
-from webapp.tools.base import Tool, ToolContext
+from webapp.tools.base import Tool, ToolContext, chat_named
 
 DESCRIPTION = (
     "Borrow recent messages from another conversation you participate in. The messages will be included in "
@@ -79,6 +79,23 @@ def _membership(context: ToolContext) -> ChatAgent | None:
     )
 
 
+UNNAMED_LABEL = "Reading another conversation…"
+UNNAMED_CHIP = "Borrowed messages from another conversation"
+
+
+def _label(arguments: dict[str, Any], chat: Chat) -> str:
+    source = chat_named(arguments.get("conversation_id"), chat)
+    return f"Reading “{source.display_title}”…" if source else UNNAMED_LABEL
+
+
+def _chip(arguments: dict[str, Any], result: dict[str, Any], chat: Chat) -> dict[str, Any]:
+    source = chat_named(arguments.get("conversation_id"), chat)
+    count = result.get("message_count", 0)
+    title = source.display_title if source else "another conversation"
+    chip = f"Borrowed {count} message{'' if count == 1 else 's'} from “{title}”"
+    return {"chip": chip, "chat_id": source.id if source else None}
+
+
 TOOL = Tool(
     name="borrow_context",
     description=DESCRIPTION,
@@ -96,4 +113,7 @@ TOOL = Tool(
         "additionalProperties": False,
     },
     run=borrow_context,
+    label=_label,
+    chip=_chip,
+    failure="read that conversation",
 )

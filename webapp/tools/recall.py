@@ -11,7 +11,7 @@ from webapp.models.memories import active_memories
 from webapp.search import Excerpt
 from webapp.timeutil import utcnow
 from webapp.tokens import count_tokens
-from webapp.tools.base import Tool, ToolContext
+from webapp.tools.base import Tool, ToolContext, cut
 
 DESCRIPTION = (
     "Search your own long-term memory (core memories and journal entries, even those older than the week "
@@ -167,6 +167,19 @@ def _within_budget(hits: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], in
     return hits, 0
 
 
+def _label(arguments: dict[str, Any], _chat: Chat) -> str:
+    return f"Searching its memory for “{cut(str(arguments.get('query', '')))}”…"
+
+
+def _chip(_arguments: dict[str, Any], result: dict[str, Any], _chat: Chat) -> dict[str, Any]:
+    found = len(result.get("results", []))
+    return {
+        "chip": f"Found {found} thing{'' if found == 1 else 's'} in its memory"
+        if found
+        else "Found nothing in its memory"
+    }
+
+
 TOOL = Tool(
     name="recall",
     description=DESCRIPTION,
@@ -184,4 +197,6 @@ TOOL = Tool(
         "additionalProperties": False,
     },
     run=recall,
+    label=_label,
+    chip=_chip,
 )

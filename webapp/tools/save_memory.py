@@ -16,7 +16,7 @@ from webapp.models.memories import (
     normalized,
 )
 from webapp.timeutil import utcnow
-from webapp.tools.base import Tool, ToolContext
+from webapp.tools.base import Tool, ToolContext, cut
 
 DESCRIPTION = (
     "Save something to your own long-term memory. Use 'journal' for facts, commitments and context worth "
@@ -128,6 +128,16 @@ def fading_note(memory_type: str, whose: str = "your") -> str:
     return f"Saved to {whose} core memory. Core memories are permanent."
 
 
+def _chip(arguments: dict[str, Any], result: dict[str, Any], _chat: Chat) -> dict[str, Any]:
+    core = arguments.get("memory_type") == "core"
+    verb = "Saved to" if result.get("saved") else "Already in"
+    return {
+        "chip": f"{verb} {'core memory' if core else 'journal'}: “{cut(str(arguments.get('content', '')))}”",
+        "memory_id": result.get("memory_id"),
+        "memory_type": "core" if core else "journal",
+    }
+
+
 TOOL = Tool(
     name="save_memory",
     description=DESCRIPTION,
@@ -146,4 +156,7 @@ TOOL = Tool(
         "additionalProperties": False,
     },
     run=save_memory,
+    label=lambda _arguments, _chat: "Saving a memory…",
+    chip=_chip,
+    failure="save a memory",
 )
