@@ -21,7 +21,7 @@ from webapp import search
 from webapp.admin.common import bp
 from webapp.extensions import db
 from webapp.models import AgentMemory, AuditLog, Chat, ChatPerson, Message, ReplySources, User
-from webapp.models.access import readable_chats
+from webapp.models.access import readable_among, readable_chats
 from webapp.models.audit import FORGOTTEN_VIA
 from webapp.web.auth import admin_required
 
@@ -144,9 +144,7 @@ def chat_labels(ids: set[int]) -> dict[int, ChatLabel]:
     if not chats:
         return {}
     found = [chat.id for chat in chats]
-    readable = set(
-        db.session.scalars(sa.select(Chat.id).where(Chat.id.in_(found), readable_chats(current_user)))
-    )
+    readable = readable_among(current_user, found)
     people: dict[int, list[str]] = {chat_id: [] for chat_id in found}
     for chat_id, person in db.session.execute(
         sa.select(ChatPerson.chat_id, User)

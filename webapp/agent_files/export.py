@@ -23,7 +23,7 @@ from webapp.models import (
     ReplySources,
     User,
 )
-from webapp.models.access import readable_chats
+from webapp.models.access import readable_among, readable_chats
 from webapp.timeutil import utcnow
 from webapp.tools.steps import may_name_a_chat, unnamed
 
@@ -312,12 +312,7 @@ def _referenced_chats(
 
 def _readable_ids(chats: list[Chat], reader: User | None) -> set[int] | None:
     """The ids of those chats the reader may read; None (every one) for the command line."""
-    ids = [chat.id for chat in chats]
-    if reader is None:
-        return None
-    if not ids:
-        return set()
-    return set(db.session.scalars(sa.select(Chat.id).where(Chat.id.in_(ids), readable_chats(reader))))
+    return None if reader is None else readable_among(reader, [chat.id for chat in chats])
 
 
 def _people(chat_ids: list[int]) -> dict[int, list[User]]:

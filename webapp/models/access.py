@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
-from webapp.extensions import db
+from webapp.extensions import DATABASE_ID_MAX, db
 from webapp.models.accounts import User
 from webapp.models.chats import Chat, ChatPerson, Message
 from webapp.models.memories import AgentMemory, ReplySources
@@ -83,6 +83,15 @@ def chats_readable_by(user_id: int, account_id: int) -> sa.ColumnElement[bool]:
     each time, so a stream or a request that loaded the person before their removal reads nothing after it."""
     still_here = sa.exists().where(User.id == user_id, User.removed_at.is_(None))
     return sa.and_(still_here, chats_read_by(account_id, [user_id]))
+
+
+def readable_among(user: User, chat_ids: Iterable[int | None]) -> set[int]:
+    """Those of these chat ids the person may read (one query; none without ids): whatever names or links another
+    chat for someone (a page, a chip, a reply's sources, an export, a refusal) asks this first."""
+    wanted = {i for i in chat_ids if i is not None and 0 < i <= DATABASE_ID_MAX}
+    if not wanted:
+        return set()
+    return set(db.session.scalars(sa.select(Chat.id).where(Chat.id.in_(wanted), readable_chats(user))))
 
 
 def may_read(user_id: int, account_id: int, chat_id: int) -> bool:
@@ -217,9 +226,7 @@ def named_for(chats: Sequence[Chat], user: User) -> str:
     """These chats as the person may see them named: the titles of those they may read, and how many others."""
     if not chats:
         return ""
-    readable = set(
-        db.session.scalars(sa.select(Chat.id).where(Chat.id.in_([c.id for c in chats]), readable_chats(user)))
-    )
+    readable = readable_among(user, [chat.id for chat in chats])
     titles = [f"“{chat.display_title}”" for chat in chats if chat.id in readable]
     unseen = len(chats) - len(titles)
     if unseen:

@@ -2,7 +2,7 @@
 only the chats the person may read (webapp.models.access)."""
 
 import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import TypeVar
 from urllib.parse import urlsplit
 
@@ -304,13 +304,3 @@ def readable_chat_or_404(chat_id: int) -> Chat:
     if chat is None:
         abort(404)
     return chat
-
-
-def readable_chat_ids(chat_ids: Iterable[int | None]) -> set[int]:
-    """Those of these chat ids that the signed-in person may read (one query; none without ids): what a page
-    may name or link when it mentions other chats (a reply's sources, a borrowed-context chip)."""
-    wanted = {i for i in chat_ids if i is not None and 0 < i <= DATABASE_ID_MAX}
-    if not wanted:
-        return set()
-    query = sa.select(Chat.id).where(Chat.id.in_(wanted), access.readable_chats(current_user))
-    return set(db.session.scalars(query))

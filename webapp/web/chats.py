@@ -55,7 +55,7 @@ from webapp.prompting.build import prompt_memory
 from webapp.timeutil import utcnow
 from webapp.tools.steps import UNNAMED_CHIP
 from webapp.web import model_picker
-from webapp.web.auth import owned_or_404, readable_chat_ids, readable_chat_or_404
+from webapp.web.auth import owned_or_404, readable_chat_or_404
 from webapp.web.fragments import fragment_requested, page_or_fragment
 from webapp.web.guards import notice, replies_limit
 from webapp.web.markdown import plain_text, render_markdown
@@ -254,7 +254,7 @@ def _learn_which_chats_readable(messages: Iterable[Message]) -> None:
     """Find out in one query which of the chats these messages mention the person may read (may_open_chat)."""
     known = g.setdefault("readable_mentioned", {})
     unknown = set().union(*(_chats_mentioned(m) for m in messages)) - known.keys()
-    readable = readable_chat_ids(unknown)
+    readable = access.readable_among(current_user, unknown)
     known.update({chat_id: chat_id in readable for chat_id in unknown})
 
 
@@ -266,7 +266,7 @@ def may_open_chat(chat_id: int) -> bool:
     """Whether a message may name and link another chat it mentions: only one the viewer may read."""
     known = g.setdefault("readable_mentioned", {})
     if chat_id not in known:
-        known[chat_id] = bool(readable_chat_ids([chat_id]))
+        known[chat_id] = bool(access.readable_among(current_user, [chat_id]))
     return known[chat_id]
 
 
@@ -928,7 +928,7 @@ def stream(chat_id: int) -> ResponseReturnValue:
 
 
 def _still_readable(chat: Chat) -> bool:
-    readable = bool(readable_chat_ids([chat.id]))
+    readable = bool(access.readable_among(current_user, [chat.id]))
     db.session.close()  # hold no database connection while waiting for the next event
     return readable
 
