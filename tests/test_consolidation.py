@@ -1,7 +1,6 @@
 """Spec 000, corrected by DESIGN.md 5.1: idle chats, group and one-to-one, become each agent's own memories."""
 
 import json
-import time
 from datetime import timedelta
 
 import pytest
@@ -408,13 +407,10 @@ def test_agents_are_consolidated_concurrently(app, admin, fake_llm):
     app.config["CONNECTION_CONCURRENCY"] = 5
     fake_llm.delay = 0.5
 
-    started = time.monotonic()
     counts = consolidate_chat(chat.id)
-    elapsed = time.monotonic() - started
 
     assert counts["agents"] == 5
-    assert fake_llm.max_in_flight == 5
-    assert elapsed < 2.0  # sequential would take 2.5 s
+    assert fake_llm.max_in_flight == 5  # all five asked at once (each answer takes 0.5 s), not one by one
 
 
 def test_paused_agents_are_left_out(group_chat, ada, basil, fake_llm):
