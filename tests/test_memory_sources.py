@@ -1,5 +1,6 @@
 """Issue 33: every memory knows the messages it came from, and recall brings them back, to whoever may read them."""
 
+# ruff: noqa: F811  (the fixtures of test_memory_audience, imported, are parameters here)
 import json
 from datetime import timedelta
 
@@ -8,6 +9,7 @@ import sqlalchemy as sa
 import time_machine
 
 from tests import factories
+from tests.test_memory_audience import ana, ben  # noqa: F401  (fixtures)
 from webapp.extensions import db
 from webapp.jobs.consolidation import consolidate_chat
 from webapp.jobs.reflection import reflect_agent
@@ -28,23 +30,6 @@ SECRET = "PLUM-7731"
 @pytest.fixture
 def ada(acme):
     return factories.agent(acme, "Ada", enabled_tools=["save_memory", "recall"])
-
-
-def _person(acme, name: str):
-    person = factories.user(acme, f"{name.lower()}@example.com", "member")
-    person.name = name
-    db.session.commit()
-    return person
-
-
-@pytest.fixture
-def ana(acme):
-    return _person(acme, "Ana")
-
-
-@pytest.fixture
-def ben(acme):
-    return _person(acme, "Ben")
 
 
 def _sources(memory: AgentMemory | int) -> list[int]:
