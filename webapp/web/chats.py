@@ -35,7 +35,7 @@ from wtforms.validators import DataRequired, Length, ValidationError
 from webapp import events, search
 from webapp.extensions import db
 from webapp.jobs.followups import after_new_message
-from webapp.jobs.replies import request_replies, retry_refusal, retry_reply, stop_reply
+from webapp.jobs.replies import WAITING, request_replies, retry_refusal, retry_reply, stop_reply
 from webapp.llm import targets
 from webapp.models import (
     Agent,
@@ -573,7 +573,9 @@ def agent_memory(chat_id: int, agent_id: int) -> ResponseReturnValue:
     agent = _chat_agent_or_404(chat, agent_id)
     shown = agent.memory_visible_to(current_user)
     held = prompt_memory(targets.for_agent(agent), chat, agent, utcnow())[0].shown_as(shown)
+    # The turns each memory came from, those this person may read.
     readable = sa.select(Chat.id).where(access.readable_chats(current_user))
+    sources = search.source_turns(held.ids, readable)
     return render_template(
         "chats/agent_memory.html",
         chat=chat,
@@ -581,9 +583,7 @@ def agent_memory(chat_id: int, agent_id: int) -> ResponseReturnValue:
         held=held,
         shown=shown,
         forgettable=_forgettable(held.ids),
-        sources=search.source_turns(
-            held.ids, readable
-        ),  # the turns each came from, those this person may read
+        sources=sources,
     )
 
 
@@ -601,8 +601,8 @@ def _forgettable(memory_ids: list[int]) -> set[int]:
 @login_required
 def forget_memory(chat_id: int, agent_id: int, memory_id: int) -> ResponseReturnValue:
     """Forget a memory the agent's memory page shows here: a member one that came from a chat they are one of the
-    people of, an admin any (access.memories_forgettable_by). A soft delete audited as them, which an admin can undo; the agent
-    is not told. Any other memory is not found, and nothing changes."""
+    people of, an admin any (access.memories_forgettable_by). A soft delete audited as them, which an admin can
+    undo; the agent is not told. Any other memory is not found, and nothing changes."""
     chat = readable_chat_or_404(chat_id)
     agent = _chat_agent_or_404(chat, agent_id)
     memory = db.session.scalar(
@@ -793,7 +793,7 @@ def _not_widened(chat: Chat, people: list[int] | None, who_may_not: str) -> str 
     """Why the chat may not be opened to `people` (None: everyone of the account), in words; None if it may. A
     reply being written may still draw on whatever is heard now, so the chat waits for it."""
     if db.session.scalar(
-        sa.select(sa.exists().where(Message.chat_id == chat.id, Message.status.in_(("pending", "streaming"))))
+        sa.select(sa.exists().where(Message.chat_id == chat.id, Message.status.in_(WAITING)))
     ):
         return "a reply is still being written here; try again once it is done."
     if closed := access.sources_closed_to(chat, people):
