@@ -91,11 +91,11 @@ def _with_sources(memories: list[AgentMemory], chats: sa.Select) -> list[_Memory
     them, oldest first (two queries)."""
     sources = {m: ids[:SOURCES_SHOWN] for m, ids in search.sources([m.id for m in memories], chats).items()}
     stretches = search.stretches([i for ids in sources.values() for i in ids])
-    return [
-        _MemoryFound(m, sorted({t.id: t for i in sources.get(m.id, []) for t in stretches.get(i, [])}.values(),
-                               key=lambda t: t.id))
-        for m in memories
-    ]  # fmt: skip
+    found = []
+    for memory in memories:
+        turns = {t.id: t for i in sources.get(memory.id, []) for t in stretches.get(i, [])}
+        found.append(_MemoryFound(memory, sorted(turns.values(), key=lambda t: t.id)))
+    return found
 
 
 def _shown_once(found: list[_MemoryFound | Excerpt]) -> list[dict[str, Any]]:
