@@ -49,8 +49,8 @@ from webapp.factory import create_app
 from webapp.jobs.queue import redis_connection, sweep_forever, wait_for_redis, worker_queues
 from webapp.llm import targets
 from webapp.runtime import set_loaded_aside
+from webapp.runtime.health import WORKER_TTL_SECONDS
 from webapp.search import embedder
-from webapp.web.health import WORKER_TTL_SECONDS
 
 log = logging.getLogger("rq.worker")  # printed by the handler RQ sets up
 RECONNECT_DELAYS = [0.5, 1, 2, 5]  # seconds between attempts while Redis is unreachable, the last repeated

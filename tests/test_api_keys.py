@@ -16,8 +16,8 @@ from tests import factories
 from tests.test_first_hour_browser import check_page, size, tap  # noqa: F401  (size: the viewport fixture)
 from webapp.extensions import db
 from webapp.models import ApiKey
+from webapp.models.api_keys import bearer_secret, key_for_bearer, person_for_bearer
 from webapp.timeutil import utcnow
-from webapp.web.api_auth import bearer_secret, key_for_bearer, person_for_bearer
 
 
 def _make(client, name: str = "Open WebUI"):

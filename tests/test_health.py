@@ -9,7 +9,7 @@ from rq_scheduler import Scheduler
 
 from tests.conftest import free_port
 from webapp.jobs.queue import init_app
-from webapp.web import health
+from webapp.runtime import health
 
 
 def _all_up(fake_redis) -> None:

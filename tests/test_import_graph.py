@@ -116,3 +116,37 @@ def test_a_longer_cycle_is_named_in_full():
 
     assert find_cycle(graph) == ["x", "y", "z", "x"]
     assert find_cycle({"x": {"y"}, "y": set()}) is None
+
+
+# The ways in, by folder: the pages (web/, and admin/ built on it), /v1, MCP and the `flask` commands.
+DOORS = {"web": "pages", "admin": "pages", "api": "v1", "mcp": "mcp", "cli": "cli"}
+
+
+def test_a_door_imports_no_other_door():
+    """The doors call the verbs (webapp.actions, agent_files/, models/) and translate; none reaches into another.
+    The one exception: `flask mcp` is the command that starts the MCP server, so cli/mcp.py imports it."""
+    graph = import_graph(module_files())
+
+    def door(module: str) -> str | None:
+        parts = module.split(".")
+        return DOORS.get(parts[1]) if len(parts) > 1 else None
+
+    crossings = sorted(
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        for target in targets
+        if door(module)
+        and door(target)
+        and door(target) != door(module)
+        and not (module == "webapp.cli.mcp" and door(target) == "mcp")
+    )
+
+    assert crossings == []
+
+
+def test_the_door_rule_sees_a_door_importing_a_page():
+    graph = import_graph(module_files())
+
+    assert "webapp.actions.ask" in graph["webapp.api.views"]
+    assert "webapp.actions.memory" in graph["webapp.mcp.server"]
+    assert not any(target.startswith("webapp.web") for target in graph["webapp.api.views"])

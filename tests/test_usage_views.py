@@ -17,7 +17,7 @@ from tests.querycount import count_queries
 from webapp.admin.usage import CalendarDay, _usd
 from webapp.extensions import db
 from webapp.models import LlmCall
-from webapp.web.health import PROBES, Check
+from webapp.runtime.health import PROBES, Check
 
 NOW = datetime(2025, 5, 10, 12, 0)
 

@@ -15,8 +15,8 @@ from webapp.extensions import db
 from webapp.jobs.ping import ping
 from webapp.jobs.queue import enqueue
 from webapp.models import JobRun
+from webapp.runtime import health
 from webapp.runtime.processes import redis_server_argv
-from webapp.web import health
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parent.parent

@@ -19,7 +19,8 @@ from webapp.llm import providers, targets
 from webapp.models import Agent
 from webapp.models import connections as connection_rows
 from webapp.models.connections import KIND_NAMES, Connection, Refused
-from webapp.web import health, model_picker
+from webapp.runtime.health import without_password
+from webapp.web import model_picker
 from webapp.web.auth import admin_required, owned_or_404
 
 ADDRESS_EXAMPLES = {"openai": "https://openrouter.ai/api/v1", "ollama": "http://127.0.0.1:11434"}
@@ -54,7 +55,7 @@ def _page(form: ConnectionForm, status: int = 200, test_results: dict | None = N
     html = render_template(
         "connections/index.html",
         environment=groups[0].connection,
-        environment_address=health.without_password(groups[0].connection.base_url),
+        environment_address=without_password(groups[0].connection.base_url),
         kind_names=KIND_NAMES,
         environment_models=groups[0].models,
         connections=rows,

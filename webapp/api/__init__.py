@@ -1,7 +1,7 @@
 """The OpenAI-compatible API (/v1): any OpenAI client lists an account's agents as models and talks to them.
 
-Each request acts as the person of its API key (webapp.web.api_auth), with no cookie and no CSRF token. An exchange
-is a chat of that person, posted and answered by what the pages use (Chat.start, post_message, the reply job),
+Each request acts as the person of its API key (webapp.models.api_keys), with no cookie and no CSRF token. An exchange
+is a chat of that person, posted and answered by what the pages use (Chat.start, webapp.actions.ask, the reply job),
 so an agent answers the same whoever asks: its system prompt, its memory, its tools run inside Cairn, its model.
 
     views.py          the blueprint: /v1/models, /v1/chat/completions, and who the key acts as

@@ -7,7 +7,7 @@ from flask import Blueprint, Flask, Response, jsonify, request
 from flask_limiter import RateLimitExceeded
 from werkzeug.exceptions import HTTPException
 
-from webapp.web import guards
+from webapp import limits
 
 PREFIX = "/v1"
 
@@ -79,10 +79,10 @@ def init_app(app: Flask) -> None:
 
 
 def _too_many(error: RateLimitExceeded) -> Response:
-    wait = guards.seconds_until_allowed()
+    wait = limits.seconds_until_allowed()
     return error_response(
         429,
-        guards.limit_message(error),
+        limits.limit_message(error),
         kind="requests",
         code="rate_limit_exceeded",
         headers={"Retry-After": str(wait)},

@@ -10,15 +10,15 @@ from flask import Blueprint, Response, current_app, g, request, stream_with_cont
 from flask.typing import ResponseReturnValue
 
 from webapp import events
+from webapp.actions.ask import post_message
 from webapp.api import errors
 from webapp.api.answers import Completion, follow, streamed, waited
 from webapp.api.conversations import Asked, agent_for, chat_for, parse
 from webapp.api.errors import ApiError
 from webapp.extensions import db
+from webapp.limits import replies_limit
 from webapp.models import Agent, Chat, User
-from webapp.web.api_auth import person_for_bearer
-from webapp.web.chats import post_message
-from webapp.web.guards import replies_limit
+from webapp.models.api_keys import person_for_bearer
 
 # How long a request waits for its reply (as long as the chat page's stream lasts); then a 503 or 504.
 REPLY_SECONDS = 300
@@ -40,7 +40,7 @@ def _the_keys_person() -> None:
         raise errors.unauthorized(
             "This API key is not valid: it is wrong, revoked, or its person was removed."
         )
-    g.api_person = person  # guards.user_key counts the replies limit per person, pages and keys together
+    g.api_person = person  # limits.user_key counts the replies limit per person, pages and keys together
 
 
 def _model(agent: Agent) -> dict:

@@ -14,7 +14,7 @@ from webapp.jobs.ping import ping
 from webapp.jobs.queue import enqueue, wait_for_redis
 from webapp.models import Account, Agent, User
 from webapp.models.accounts import PersonChangeRefused, password_problem
-from webapp.web.health import check_database, check_llm, check_redis
+from webapp.runtime.health import check_database, check_llm, check_redis
 
 schedule_cli = AppGroup("schedule", help="Recurring jobs in rq-scheduler.")
 users_cli = AppGroup("users", help="Sign-in accounts.")

@@ -9,7 +9,7 @@ from flask.cli import AppGroup
 from webapp.cli.options import ACCOUNT_HELP, AGENT_HELP, resolve_account, resolve_agent
 from webapp.extensions import db
 from webapp.models import Agent, User
-from webapp.web.api_auth import key_for_bearer
+from webapp.models.api_keys import key_for_bearer
 
 mcp_cli = AppGroup("mcp", help="The MCP server for agents' memory.")
 

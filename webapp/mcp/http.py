@@ -4,7 +4,7 @@ The SDK's transport is an ASGI (Starlette) app; this process serves it with uvic
 of its own under `make run` and in deploy/). It is stateless (each POST is answered whole, as JSON, with no
 session kept between requests), so it can be restarted, or run as several processes, without clients noticing.
 In front of it, a gate checks each request before the SDK sees it, the key as /v1 checks it
-(webapp.web.api_auth): a missing, unknown or revoked key is 401, a key past RATE_LIMIT_MCP is 429 with
+(webapp.models.api_keys): a missing, unknown or revoked key is 401, a key past RATE_LIMIT_MCP is 429 with
 Retry-After, an agent not in the key's account is 404, and a browser page of another origin is 403 (a MUST of
 the MCP spec; README says what it stops); errors are JSON-RPC error objects (webapp.mcp.errors), as MCP clients read.
 Only then is the body read, up to REQUEST_MAX_BYTES: a larger one is 413, a JSON-RPC error too.
@@ -30,7 +30,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from webapp.mcp.errors import error_body
 from webapp.mcp.server import CALLER, Caller, build_server
 from webapp.models import Agent
-from webapp.web.api_auth import key_for_bearer
+from webapp.models.api_keys import key_for_bearer
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,7 @@ from werkzeug.exceptions import RequestEntityTooLarge
 
 from webapp.extensions import csrf, db
 from webapp.mcp.errors import error_body
-from webapp.models.api_keys import ApiKey
-from webapp.web.api_auth import bearer_secret
+from webapp.models.api_keys import ApiKey, bearer_secret
 
 bp = Blueprint("mcp", __name__)
 csrf.exempt(bp)

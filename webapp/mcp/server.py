@@ -16,12 +16,12 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
 from pydantic import Field
 
+from webapp.actions import memory
+from webapp.actions.memory import Refused
 from webapp.extensions import db
-from webapp.mcp import memory
-from webapp.mcp.memory import Refused
 from webapp.models import Agent, User
+from webapp.models.api_keys import key_for_bearer
 from webapp.models.memories import MAX_CONTENT_CHARS
-from webapp.web.api_auth import key_for_bearer
 
 CALLER = "cairn.mcp.caller"  # the key of a request's Caller in its ASGI scope (set by http.py)
 T = TypeVar("T")

@@ -15,11 +15,11 @@ from flask_wtf import FlaskForm
 from wtforms import EmailField, PasswordField, StringField
 from wtforms.validators import DataRequired, EqualTo, InputRequired, Length, ValidationError
 
+from webapp import limits
 from webapp.extensions import DATABASE_ID_MAX, db, limiter, login_manager
 from webapp.models import Agent, ApiKey, Chat, User, access
 from webapp.models.accounts import MAX_NAME_CHARS, password_problem
 from webapp.models.api_keys import MAX_NAME_CHARS as MAX_KEY_NAME_CHARS
-from webapp.web import guards
 
 M = TypeVar("M", bound=db.Model)
 
@@ -100,12 +100,12 @@ class NameForm(FlaskForm):
 
 @bp.route("/login", methods=["GET", "POST"])
 @limiter.limit(
-    lambda: current_app.config["RATE_LIMIT_LOGIN_PER_ACCOUNT"], key_func=guards.login_email_key,
+    lambda: current_app.config["RATE_LIMIT_LOGIN_PER_ACCOUNT"], key_func=limits.login_email_key,
     methods=["POST"], deduct_when=_failed_sign_in, scope="login-account",
     error_message="Too many failed sign-in attempts.",
 )  # fmt: skip
 @limiter.limit(
-    lambda: current_app.config["RATE_LIMIT_LOGIN_PER_ADDRESS"], key_func=guards.address_key,
+    lambda: current_app.config["RATE_LIMIT_LOGIN_PER_ADDRESS"], key_func=limits.address_key,
     methods=["POST"], deduct_when=_failed_sign_in, scope="login-address",
     error_message="Too many failed sign-in attempts.",
 )  # fmt: skip
@@ -125,9 +125,9 @@ def login() -> ResponseReturnValue:
 def _too_many_attempts(error: RateLimitExceeded):
     """The sign-in page again, saying why it refused (whether the password was right is not checked)."""
     form = LoginForm()
-    form.password.errors = [guards.limit_message(error)]
+    form.password.errors = [limits.limit_message(error)]
     response = Response(render_template("auth/login.html", form=form), status=429)
-    response.headers["Retry-After"] = str(guards.seconds_until_allowed())
+    response.headers["Retry-After"] = str(limits.seconds_until_allowed())
     return response
 
 

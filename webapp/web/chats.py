@@ -33,9 +33,10 @@ from wtforms import SelectField, SelectMultipleField, StringField, TextAreaField
 from wtforms.validators import DataRequired, Length, ValidationError
 
 from webapp import events, search
+from webapp.actions.ask import announce_new, ask_agents, post_message
 from webapp.extensions import db
-from webapp.jobs.followups import after_new_message
-from webapp.jobs.replies import WAITING, request_replies, retry_refusal, retry_reply, stop_reply
+from webapp.jobs.replies import WAITING, retry_refusal, retry_reply, stop_reply
+from webapp.limits import replies_limit
 from webapp.llm import targets
 from webapp.models import (
     Agent,
@@ -57,7 +58,7 @@ from webapp.tools.steps import UNNAMED_CHIP
 from webapp.web import model_picker
 from webapp.web.auth import owned_or_404, readable_chat_or_404
 from webapp.web.fragments import fragment_requested, page_or_fragment
-from webapp.web.guards import notice, replies_limit
+from webapp.web.guards import notice
 from webapp.web.markdown import plain_text, render_markdown
 
 bp = Blueprint("chats", __name__, url_prefix="/chats")
@@ -399,17 +400,6 @@ def send(chat_id: int) -> ResponseReturnValue:
     )
 
 
-def post_message(chat: Chat, person: User, content: str, asked: list[Agent]) -> tuple[Message, list[Message]]:
-    """Post a person's message and ask these agents (the paused ones excepted) to reply: commit, then tell the
-    chat's open pages. Cairn's pages and its API clients post alike."""
-    posted = chat.add_message(role="user", content=content, user=person, status="done")
-    replies = request_replies(chat, [a for a in asked if not a.paused])
-    after_new_message(chat)
-    db.session.commit()
-    _announce_new(chat, [posted, *replies])
-    return posted, replies
-
-
 def _asked(chat: Chat, content: str, ask: str) -> list[Agent]:
     """Who answers a message: everyone in a one-to-one chat, else the @mentioned and the asked, in chat order
     for "all", mentions first otherwise."""
@@ -430,18 +420,10 @@ def _ask(chat: Chat, wanted: str):
     ready = [a for a in agents if not a.paused]
     if not ready:
         return notice(f"{agents[0].name} is paused.", 422)
-    replies = request_replies(chat, ready)
-    db.session.commit()
-    _announce_new(chat, replies)
+    replies = ask_agents(chat, ready)
     return render_template(
         "chats/_sent.html", chat=chat, messages=replies, form=None, stuck_after=STUCK_AFTER
     )
-
-
-def _announce_new(chat: Chat, messages: list[Message]) -> None:
-    """Tell the chat's other open pages about new messages, so other people's messages arrive live."""
-    for posted in messages:
-        events.publish(chat.id, "new", posted.id)
 
 
 def _composer_error(chat: Chat, form: MessageForm):
@@ -549,9 +531,7 @@ def edit_message(chat_id: int, message_id: int) -> ResponseReturnValue:
         db.session.delete(reply)
     found.content = form.content.data.strip()
     asked = answered or _asked(chat, found.content, "")
-    new_replies = request_replies(chat, [a for a in asked if not a.paused])
-    db.session.commit()
-    _announce_new(chat, new_replies)
+    new_replies = ask_agents(chat, [a for a in asked if not a.paused])
     return render_template(
         "chats/_edited.html",
         chat=chat,
@@ -784,7 +764,7 @@ def _back_to(
     posted = chat.add_message(role="system", content=announced, status="done") if announced else None
     db.session.commit()
     if posted:
-        _announce_new(chat, [posted])
+        announce_new(chat, [posted])
     flash(said)
     return redirect(to or url_for("chats.show", chat_id=chat.id), code=303)
 

@@ -1,18 +1,16 @@
-"""Requests refused before any work is done: too many of them (Flask-Limiter, counted in Redis), bodies larger
+"""Requests refused before any work is done: too many of them (webapp.limits, answered here as a notice), bodies larger
 than the app reads (413, before they are read), uploads from someone not signed in (before their parts are
 parsed), and input that no database column can store (PostgreSQL rejects NUL in text)."""
 
-import time
 from collections.abc import Callable
 
-from flask import Flask, Response, abort, current_app, g, render_template, request
+from flask import Flask, Response, abort, current_app, render_template, request
 from flask_limiter import RateLimitExceeded
-from flask_limiter.util import get_remote_address
 from flask_login import current_user
 from werkzeug.exceptions import RequestEntityTooLarge
 from werkzeug.middleware.proxy_fix import ProxyFix
 
-from webapp.extensions import limiter
+from webapp import limits
 
 UNSTORABLE = "\x00"
 
@@ -21,14 +19,7 @@ def init_app(app: Flask) -> None:
     hops = app.config["TRUSTED_PROXY_HOPS"]
     if hops:  # behind a proxy, the client's address is in X-Forwarded-For, not the connection's
         app.wsgi_app = ProxyFix(app.wsgi_app, x_for=hops, x_proto=hops, x_host=hops)
-    app.config.setdefault("RATELIMIT_STORAGE_URI", storage_uri(app.config["REDIS_URL"]))
-    app.config.setdefault("RATELIMIT_KEY_PREFIX", "cairn")
-    app.config.setdefault("RATELIMIT_STORAGE_OPTIONS", {"socket_connect_timeout": 2, "socket_timeout": 2})
-    app.config.setdefault("RATELIMIT_HEADERS_ENABLED", True)
-    # While Redis is down, count in this process's memory rather than refuse every post and sign-in.
-    app.config.setdefault("RATELIMIT_IN_MEMORY_FALLBACK_ENABLED", True)
-    app.config.setdefault("RATELIMIT_SWALLOW_ERRORS", True)
-    limiter.init_app(app)
+    limits.init_app(app)
     # Werkzeug refuses a body over MAX_CONTENT_LENGTH (by its Content-Length, or while reading a chunked one)
     # the first time anything reads it; a view marked accepts_upload has a limit of its own.
     app.config["MAX_CONTENT_LENGTH"] = app.config["REQUEST_MAX_BYTES"]
@@ -39,48 +30,6 @@ def init_app(app: Flask) -> None:
     app.register_error_handler(RequestEntityTooLarge, _too_large)
 
 
-def storage_uri(redis_url: str) -> str:
-    """The limits library's URI for the app's Redis (the embedded one listens on a unix socket)."""
-    if redis_url.startswith("unix://"):
-        return "redis+unix://" + redis_url.removeprefix("unix://")
-    return redis_url
-
-
-def user_key() -> str:
-    """Limits per person: the one an API key acts as (g.api_person, set by /v1), else the signed-in one, so a
-    person's keys and pages share one budget; an anonymous request is counted by its address."""
-    if "api_person" in g:
-        return f"user:{g.api_person.id}"
-    if current_user.is_authenticated:
-        return f"user:{current_user.id}"  # the person, not the sign-in (get_id is its secret token)
-    return f"address:{get_remote_address()}"
-
-
-# Posts, agent triggers, retries and edits each cost model calls: one budget per user for all of them. Only
-# a POST asks an agent (the edit view's GET shows its form).
-replies_limit = limiter.shared_limit(
-    lambda: current_app.config["RATE_LIMIT_REPLIES"],
-    scope="replies",
-    key_func=user_key,
-    methods=["POST"],
-    error_message="You are asking the agents too often.",
-)
-
-
-def login_email_key() -> str:
-    return "email:" + request.form.get("email", "").strip().lower()[:254]
-
-
-def address_key() -> str:
-    return f"address:{get_remote_address()}"
-
-
-def seconds_until_allowed() -> int:
-    """How long until the limit just exceeded lets the next request through."""
-    current = limiter.current_limit
-    return max(1, round(current.reset_at - time.time())) if current else 60
-
-
 def notice(text: str, status: int) -> Response:
     """A message in the page's notice area, shown by htmx even with an error status (see base.html)."""
     response = Response(render_template("_notice.html", text=text), status=status)
@@ -88,16 +37,9 @@ def notice(text: str, status: int) -> Response:
     return response
 
 
-def limit_message(error: RateLimitExceeded) -> str:
-    """The limit's own message and when to try again."""
-    wait = seconds_until_allowed()
-    when = f"{wait} seconds" if wait < 120 else f"{round(wait / 60)} minutes"
-    return f"{error.description} Try again in {when}."
-
-
 def _too_many(error: RateLimitExceeded) -> Response:
-    response = notice(limit_message(error), 429)
-    response.headers["Retry-After"] = str(seconds_until_allowed())
+    response = notice(limits.limit_message(error), 429)
+    response.headers["Retry-After"] = str(limits.seconds_until_allowed())
     return response
 
 

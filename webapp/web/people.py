@@ -13,11 +13,11 @@ from wtforms import EmailField, PasswordField, RadioField, StringField
 from wtforms.fields.choices import SelectChoice
 from wtforms.validators import DataRequired, EqualTo, InputRequired, Length, Regexp, ValidationError
 
+from webapp import limits
 from webapp.extensions import db, limiter
 from webapp.models import User, access
 from webapp.models.accounts import INVITE_DAYS, MAX_NAME_CHARS, ROLES, PersonChangeRefused, password_problem
 from webapp.models.chats import ChatPerson
-from webapp.web import guards
 from webapp.web.auth import NameForm, admin_required, owned_or_404
 
 bp = Blueprint("people", __name__)
@@ -224,7 +224,7 @@ def _failed(response: Response) -> bool:
 
 @bp.route("/welcome/<token>", methods=["GET", "POST"])
 @limiter.limit(
-    lambda: current_app.config["RATE_LIMIT_LOGIN_PER_ADDRESS"], key_func=guards.address_key,
+    lambda: current_app.config["RATE_LIMIT_LOGIN_PER_ADDRESS"], key_func=limits.address_key,
     methods=["POST"], deduct_when=_failed, scope="welcome-address",
     error_message="Too many failed attempts.",
 )  # fmt: skip
@@ -253,9 +253,9 @@ def welcome(token: str) -> ResponseReturnValue:
 def _too_many_attempts(error: RateLimitExceeded) -> ResponseReturnValue:
     """The welcome page, saying why it refused."""
     response = _private(
-        render_template("people/welcome.html", form=None, problem=guards.limit_message(error)), 429
+        render_template("people/welcome.html", form=None, problem=limits.limit_message(error)), 429
     )
-    response.headers["Retry-After"] = str(guards.seconds_until_allowed())
+    response.headers["Retry-After"] = str(limits.seconds_until_allowed())
     return response
 
 

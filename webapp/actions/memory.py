@@ -1,4 +1,4 @@
-"""What one person may do with one agent's memory from an MCP client: search it and the agent's conversations,
+"""What one person may do with one agent's memory, outside any chat (MCP calls these): search it and the agent's conversations,
 save to it, list what the agent's prompt holds, read its core memory.
 
 The person hears what they would hear outside any chat (webapp.models.access.memories_heard_by) and reads the
