@@ -21,7 +21,7 @@ from webapp import search
 from webapp.admin.common import bp
 from webapp.extensions import db
 from webapp.models import AgentMemory, AuditLog, Chat, ChatPerson, Message, ReplySources, User
-from webapp.models.access import readable_among, readable_chats
+from webapp.models.access import ChatNames, readable_chats
 from webapp.models.audit import FORGOTTEN_VIA
 from webapp.web.auth import admin_required
 
@@ -37,7 +37,11 @@ class ChatLabel:
 
     chat: Chat
     people: list[str]  # display names, in the order they joined
-    readable: bool
+    title: str | None  # the title this admin may see (access.ChatNames): None for someone else's private chat
+
+    @property
+    def readable(self) -> bool:
+        return self.title is not None
 
     @property
     def whose(self) -> str:
@@ -50,11 +54,6 @@ class ChatLabel:
             else f"{', '.join(self.people[:-1])} and {self.people[-1]}"
         )
         return f"{names}'s chat"
-
-    @property
-    def title(self) -> str | None:
-        """The title this admin may see: None for someone else's private chat."""
-        return self.chat.display_title if self.readable else None
 
 
 @dataclass
@@ -144,7 +143,7 @@ def chat_labels(ids: set[int]) -> dict[int, ChatLabel]:
     if not chats:
         return {}
     found = [chat.id for chat in chats]
-    readable = readable_among(current_user, found)
+    names = ChatNames.among(current_user, found)
     people: dict[int, list[str]] = {chat_id: [] for chat_id in found}
     for chat_id, person in db.session.execute(
         sa.select(ChatPerson.chat_id, User)
@@ -153,7 +152,7 @@ def chat_labels(ids: set[int]) -> dict[int, ChatLabel]:
         .order_by(ChatPerson.created_at, User.id)
     ):
         people[chat_id].append(person.display_name)
-    return {chat.id: ChatLabel(chat, people[chat.id], chat.id in readable) for chat in chats}
+    return {chat.id: ChatLabel(chat, people[chat.id], names.title(chat)) for chat in chats}
 
 
 @bp.get("/replies/<int:message_id>/sources")

@@ -125,20 +125,20 @@ def _of_account(model: type[Agent], name: Any, ids: set[int]) -> list[Any]:
 
 def _chats_named(ids: set[int]) -> dict[int, Named]:
     """The account's chats among ids by the title people see, linked; those the viewer may not read only as
-    "a private chat" (one query, none without ids)."""
+    "a private chat" (access.ChatNames; one query, none without ids)."""
     if not ids:
         return {}
-    readable = sa.case((access.readable_chats(current_user), True), else_=False)
     query = (
-        sa.select(Chat, readable)
+        sa.select(Chat)
         .options(load_only(Chat.id, Chat.title))
         .where(Chat.id.in_(ids), Chat.account_id == current_user.account_id)
     )
+    chats, names = access.ChatNames.loading(current_user, query)
     return {
-        chat.id: Named(chat.display_title, url_for("chats.show", chat_id=chat.id))
-        if may_read
+        chat.id: Named(title, url_for("chats.show", chat_id=chat.id))
+        if (title := names.title(chat)) is not None
         else Named(PRIVATE)
-        for chat, may_read in db.session.execute(query)
+        for chat in chats
     }
 
 

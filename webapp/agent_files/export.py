@@ -23,7 +23,7 @@ from webapp.models import (
     ReplySources,
     User,
 )
-from webapp.models.access import readable_among, readable_chats
+from webapp.models.access import ChatNames, readable_chats
 from webapp.timeutil import utcnow
 from webapp.tools.steps import may_name_a_chat, unnamed
 
@@ -87,7 +87,7 @@ def export_agent(agent: Agent, *, with_chats: bool = False, reader: User | None 
         refs.add("chat", chat.id)
     for message in messages:
         refs.add("message", message.id)
-    readable = _readable_ids(chats, reader)
+    names = ChatNames.among(reader, [chat.id for chat in chats])
     included_ids = {chat.id for chat in included}
     by_chat = defaultdict(list)
     for message in messages:
@@ -112,7 +112,7 @@ def export_agent(agent: Agent, *, with_chats: bool = False, reader: User | None 
                 people=people[chat.id],
                 messages=by_chat[chat.id] if chat.id in included_ids else None,
                 sources=sources,
-                readable=readable,
+                names=names,
             )
             for chat in chats
         ],
@@ -310,11 +310,6 @@ def _referenced_chats(
     )
 
 
-def _readable_ids(chats: list[Chat], reader: User | None) -> set[int] | None:
-    """The ids of those chats the reader may read; None (every one) for the command line."""
-    return None if reader is None else readable_among(reader, [chat.id for chat in chats])
-
-
 def _people(chat_ids: list[int]) -> dict[int, list[User]]:
     """Each chat's people, in the order they joined."""
     people = defaultdict(list)
@@ -338,14 +333,13 @@ def _chat(
     people: list[User],
     messages: list[Message] | None,
     sources: dict[int, ReplySources],
-    readable: set[int] | None,
+    names: ChatNames,
 ) -> dict[str, Any]:
-    """A chat: a reference (title withheld when the reader may not read it), or with its messages. `readable`:
-    the ids of the chats the reader may read (None: every one)."""
+    """A chat: a reference (title withheld when the reader may not read it), or with its messages."""
     entry = {
         "ref": refs.get("chat", chat.id),
         "included": messages is not None,
-        "title": chat.title if readable is None or chat.id in readable else None,
+        "title": chat.title if names.may_name(chat.id) else None,
         "visibility": chat.visibility,
         "source": chat.source,
         "group": chat.manual_responses,
@@ -371,7 +365,7 @@ def _chat(
         "last_consolidated_at": iso(chat.last_consolidated_at),
         "memory_doc": chat.memory_doc,
         "compacted_through": _at_or_before(messages, chat.compacted_through_message_id, refs),
-        "messages": [_message(m, agent, refs, sources.get(m.id), authors, readable) for m in messages],
+        "messages": [_message(m, agent, refs, sources.get(m.id), authors, names) for m in messages],
     }
 
 
@@ -407,7 +401,7 @@ def _message(
     refs: _Refs,
     sources: ReplySources | None,
     authors: dict[str, dict[str, Any]],
-    readable: set[int] | None,
+    names: ChatNames,
 ) -> dict[str, Any]:
     finished = message.status in ("done", "failed")
     return {
@@ -417,7 +411,7 @@ def _message(
         "content": message.content,
         "status": message.status if finished else "failed",
         "error": message.error if finished else UNFINISHED,
-        "tools_used": [_step(step, refs, readable) for step in message.tools_used]
+        "tools_used": [_step(step, refs, names) for step in message.tools_used]
         if message.tools_used is not None
         else None,
         "created_at": iso(message.created_at),
@@ -425,12 +419,12 @@ def _message(
     }
 
 
-def _step(step: Any, refs: _Refs, readable: set[int] | None) -> Any:
+def _step(step: Any, refs: _Refs, names: ChatNames) -> Any:
     """A tool step as stored, naming another chat only when the reader may read it (as the chat page does),
     with the memory saved and the chat borrowed from as the file's references instead of ids."""
     if not isinstance(step, dict):
         return step  # an older reply's step: the tool's name
-    if may_name_a_chat(step) and readable is not None and step.get("chat_id") not in readable:
+    if may_name_a_chat(step) and not names.may_name(step.get("chat_id")):
         step = unnamed(step)
     entry = {key: value for key, value in step.items() if not names_an_id(key)}
     if "memory_id" in step:

@@ -222,12 +222,39 @@ def sources_closed_to(chat: Chat, people: Sequence[int] | None) -> list[Chat]:
     )
 
 
+@dataclass(frozen=True)
+class ChatNames:
+    """How chats are named to one person (the rule that follows readable_among): a chat they may read by its
+    title, any other with its title withheld (None), for the caller to say "a private chat" or whose it is. Pages,
+    run lists, refusals and exports name chats through this. `readable` None: every chat (the command line)."""
+
+    readable: set[int] | None
+
+    @classmethod
+    def among(cls, user: User | None, chat_ids: Iterable[int | None]) -> "ChatNames":
+        """For these chat ids (one query; none for the command line, `user` None)."""
+        return cls(None if user is None else readable_among(user, chat_ids))
+
+    @classmethod
+    def loading(cls, user: User, query: sa.Select) -> tuple[list[Chat], "ChatNames"]:
+        """The chats a query selects and how they are named to the person, in that one query."""
+        rows = db.session.execute(query.add_columns(sa.case((readable_chats(user), True), else_=False))).all()
+        return [chat for chat, _ in rows], cls({chat.id for chat, readable in rows if readable})
+
+    def may_name(self, chat_id: int | None) -> bool:
+        return self.readable is None or chat_id in self.readable
+
+    def title(self, chat: Chat) -> str | None:
+        """The title this person sees (display_title), or None when it is withheld from them."""
+        return chat.display_title if self.may_name(chat.id) else None
+
+
 def named_for(chats: Sequence[Chat], user: User) -> str:
     """These chats as the person may see them named: the titles of those they may read, and how many others."""
     if not chats:
         return ""
-    readable = readable_among(user, [chat.id for chat in chats])
-    titles = [f"“{chat.display_title}”" for chat in chats if chat.id in readable]
+    names = ChatNames.among(user, [chat.id for chat in chats])
+    titles = [f"“{title}”" for chat in chats if (title := names.title(chat)) is not None]
     unseen = len(chats) - len(titles)
     if unseen:
         titles.append("a chat you cannot read" if unseen == 1 else f"{unseen} chats you cannot read")
