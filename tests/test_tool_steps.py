@@ -1,5 +1,5 @@
 """A tool says how its calls show in the chat (issue 34): its running label, its chip and what failed come from
-the tool itself (Tool.label, Tool.chip, Tool.failure), so a new tool is its own file and a registry line."""
+the tool itself (Tool.label, Tool.chip, Tool.failure), so a new tool is its own file (tests/test_one_new_file.py)."""
 
 from tests import factories
 from webapp import tools

@@ -1,11 +1,14 @@
 """Tools an agent may call, in one registry: in a reply (those enabled for it), or refine_memory in refinement.
 
-One module per tool; this is the one place they are registered and the one place a call is checked and run.
+One module per tool, whose TOOL the registry finds (discover): a new tool is its own file. This is the one place
+a call is checked and run.
 
 A tool's result always goes back to the model as JSON. Bad calls (an unknown or disabled tool, arguments that
 are not JSON or do not fit the schema) get an error result the model can read and correct, never an exception.
 """
 
+import importlib
+import pkgutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -14,15 +17,33 @@ import jsonschema
 
 from webapp.llm import ToolCall
 from webapp.models import Agent
+from webapp.models.agents import DEFAULT_TOOLS
 from webapp.tools.base import Tool, ToolContext
-from webapp.tools.borrow_context import TOOL as BORROW_CONTEXT
-from webapp.tools.recall import TOOL as RECALL
-from webapp.tools.refinement import TOOL as REFINE_MEMORY
 from webapp.tools.refinement import RefinementSession
-from webapp.tools.save_memory import TOOL as SAVE_MEMORY
 
-REGISTRY: dict[str, Tool] = {tool.name: tool for tool in [SAVE_MEMORY, RECALL, BORROW_CONTEXT, REFINE_MEMORY]}
-REPLY_TOOLS: dict[str, Tool] = {name: tool for name, tool in REGISTRY.items() if tool.in_replies}
+# Every tool, by name, and those an agent may enable for its replies: filled by discover(), in place.
+REGISTRY: dict[str, Tool] = {}
+REPLY_TOOLS: dict[str, Tool] = {}
+
+
+def discover() -> None:
+    """Fill the registry with the TOOL of every module of this package, so a new tool is one new file: the agents'
+    default tools first, in their order (the order the agent form lists and a prompt offers them), then the
+    others by name."""
+    found = []
+    for module in pkgutil.iter_modules(__path__, f"{__name__}."):
+        tool = getattr(importlib.import_module(module.name), "TOOL", None)
+        if isinstance(tool, Tool):
+            found.append(tool)
+    defaults = list(DEFAULT_TOOLS)
+    found.sort(key=lambda t: (defaults.index(t.name) if t.name in defaults else len(defaults), t.name))
+    REGISTRY.clear()
+    REGISTRY.update((tool.name, tool) for tool in found)
+    REPLY_TOOLS.clear()
+    REPLY_TOOLS.update((name, tool) for name, tool in REGISTRY.items() if tool.in_replies)
+
+
+discover()
 
 __all__ = [
     "REGISTRY",
