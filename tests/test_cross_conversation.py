@@ -327,7 +327,7 @@ def test_the_panel_costs_the_same_queries_for_more_agents_and_chats(client, auth
 
 
 def test_the_ago_filter_words_durations(app):
-    from webapp.web.chats import ago
+    from webapp.web.chats.page import ago
 
     now = utcnow()
     assert [ago(now - d) for d in (timedelta(seconds=30), timedelta(minutes=1), timedelta(minutes=59))] == [

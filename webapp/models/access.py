@@ -52,6 +52,18 @@ def governs(people: Sequence[int], user: User) -> bool:
     return user.id in people if people else user.is_admin
 
 
+def governed_among(user: User, chat_ids: Sequence[int]) -> set[int]:
+    """Those of these chats the person governs (governs, in SQL): one query, none without ids."""
+    if not chat_ids:
+        return set()
+    theirs = sa.exists().where(ChatPerson.chat_id == Chat.id, ChatPerson.user_id == user.id)
+    nobodys = ~sa.exists().where(
+        ChatPerson.chat_id == Chat.id, ChatPerson.user_id == User.id, User.removed_at.is_(None)
+    )
+    rule = sa.or_(theirs, nobodys) if user.is_admin else theirs
+    return set(db.session.scalars(sa.select(Chat.id).where(Chat.id.in_(chat_ids), rule)))
+
+
 def present(chat: Chat) -> list[int] | None:
     """Who may be listening in a chat: the ids of a private chat's people; None for a shared chat (anyone of
     the account)."""
