@@ -204,6 +204,34 @@ def test_a_posted_message_an_edit_and_a_finished_reply_each_get_vectors(
     assert _vector("message", question.id) not in (first, edited)  # its text now holds the reply after it
 
 
+def test_a_replys_embedding_run_is_queued_once_its_run_is_closed_not_while_the_person_waits(
+    app, fake_llm, admin, chat, ada, monkeypatch
+):
+    """The reply's commit holds its queue row; the run that embeds it is queued after the reply's run closed."""
+    factories.message(chat, "Where is the greenhouse key?", author=admin)
+    _run_background_jobs(app)
+    [reply] = request_replies(chat, [ada])
+    db.session.commit()
+    fake_llm.reply("Under the blue can.")
+    reply_run_when_queued = []
+    queue_for_real = embeddings.enqueue
+
+    def watched(func, *args, **kwargs):
+        if func is embed_queued:
+            reply_run = sa.select(JobRun.status).where(JobRun.job_type == "reply")
+            reply_run_when_queued.append(db.session.scalar(reply_run))
+        return queue_for_real(func, *args, **kwargs)
+
+    monkeypatch.setattr(embeddings, "enqueue", watched)
+
+    respond([reply.id])
+
+    assert reply_run_when_queued == ["done"]
+    assert _queued() == {("message", reply.id)}
+    _run_background_jobs(app)
+    assert _vector("message", reply.id) is not None and _queued() == set()
+
+
 def test_a_streaming_reply_is_queued_once_it_is_done(app, admin, chat, ada):
     reply = factories.message(chat, "", author=ada, status="streaming")
     for text in ("Under", "Under the", "Under the blue can."):

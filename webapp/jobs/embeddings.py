@@ -3,8 +3,10 @@
 Whatever writes a memory or a message through the ORM, the session records it in embedding_queue within the
 same transaction (after_flush), and the commit queues one `embed_queued` run (before_commit): the queue rows
 and the run's job_runs row commit with the write, so a Redis outage or a killed worker loses nothing (the
-sweep queues a lost run again; an hourly finder queues a run for any row a failed run left). The run embeds
-the rows a batch at a time (webapp.search.indexing), deleting each batch's queue rows as its vectors commit.
+sweep queues a lost run again; an hourly finder queues a run for any row a failed run left). A reply job
+queues that run once its own run is closed instead (run_queued_after), off the path of the person waiting. The
+run embeds the rows a batch at a time (webapp.search.indexing), deleting each batch's queue rows as its vectors
+commit.
 
 Recorded: a memory added, or whose content or deletion changed; a message added or changed while "done" (a
 streaming reply writes its text many times: only the finished one counts), or that stops being "done" or is
@@ -13,6 +15,8 @@ memory's type, which its vector does not hold); a write made with a Core stateme
 """
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import sqlalchemy as sa
@@ -34,6 +38,7 @@ log = logging.getLogger(__name__)
 BATCH = 64  # queue rows embedded and committed together
 EMBEDDING_CALLS = 360  # a run's time limit: this many requests, each allowed EMBEDDING_TIMEOUT_SECONDS
 _RECORDED = "cairn_embedding_recorded"  # session.info: this transaction put rows in embedding_queue
+_HELD = "cairn_embedding_run_held"  # session.info: commits leave the run to the end of run_queued_after()
 
 
 def record(rows: list[tuple[str, int]], session: sa.orm.Session | None = None) -> None:
@@ -102,7 +107,35 @@ def _queue_the_job(session: sa.orm.Session) -> None:
     if session is not db.session():  # enqueue writes through the app's session; the next commit's run drains
         log.warning("embedding rows recorded by a session of its own; the next embedding run takes them")
         return
+    if _HELD in session.info:
+        session.info[_HELD] = True
+        return
     enqueue(embed_queued)
+
+
+@contextmanager
+def run_queued_after() -> Iterator[None]:
+    """Within it, a commit that records rows leaves their embedding run to be queued once it ends.
+
+    A reply job queues it once its run is closed: the person sees the reply without waiting for that enqueue
+    (three statements and a Redis push), and the rows, committed with the reply, are safe meanwhile (a worker
+    killed before the end leaves them to the hourly finder)."""
+    session = db.session()
+    session.info[_HELD] = False
+    try:
+        yield
+    finally:
+        if session.info.pop(_HELD, False):
+            _queue_held_run(session)
+
+
+def _queue_held_run(session: sa.orm.Session) -> None:
+    try:
+        enqueue(embed_queued)
+        session.commit()
+    except Exception:  # the rows wait in embedding_queue; queue_waiting queues their run within the hour
+        session.rollback()
+        log.exception("could not queue the embedding run after a reply; the hourly finder will")
 
 
 @sa.event.listens_for(FlaskSession, "after_rollback")

@@ -14,7 +14,7 @@ from sqlalchemy.orm import joinedload
 
 from webapp import events, llm
 from webapp.extensions import db
-from webapp.jobs import priority
+from webapp.jobs import embeddings, priority
 from webapp.jobs.followups import after_new_message
 from webapp.jobs.queue import (
     enqueue,
@@ -113,13 +113,17 @@ def _time_limit(message_ids: list[int]) -> int:
     timeout=_time_limit,
 )
 def respond(message_ids: list[int]) -> dict[str, int]:
-    """Generate the pending replies in order (one agent, or "ask all"); each sees the replies before it."""
-    try:
-        return _respond(message_ids)
-    except JobTimeoutException:  # RQ stopped the job: what it had not finished fails, with a working Retry
-        db.session.rollback()
-        _leave_unfinished(message_ids, "failed", f"{timed_out()} Retry to ask again.")
-        raise
+    """Generate the pending replies in order (one agent, or "ask all"); each sees the replies before it. Their
+    vectors' run is queued once the run is closed, off the path of the person waiting."""
+    with embeddings.run_queued_after():
+        try:
+            return _respond(message_ids)
+        except (
+            JobTimeoutException
+        ):  # RQ stopped the job: what it had not finished fails, with a working Retry
+            db.session.rollback()
+            _leave_unfinished(message_ids, "failed", f"{timed_out()} Retry to ask again.")
+            raise
 
 
 def _respond(message_ids: list[int]) -> dict[str, int]:
