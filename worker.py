@@ -14,7 +14,7 @@ again), about half a second above the model call (bench/job_overhead.py). A job 
 
 It rides out a Redis outage: RQ retries its dequeue with backoff, a thread's worker registers itself again if
 Redis lost its data, and any other Redis error that ends RQ's work loop starts a fresh worker once Redis
-answers. The sweep for lost or interrupted work (webapp.jobs.queue) runs on a thread of its own: it must run
+answers. The sweep for lost or interrupted work (webapp.jobs.sweep) runs on a thread of its own: it must run
 exactly when Redis lost its data, so it cannot itself be a job in Redis.
 
 SIGTERM or Ctrl-C stops a worker warmly: idle threads stop within STOP_CHECK_SECONDS (during a Redis outage, the
@@ -46,7 +46,8 @@ from rq.timeouts import TimerDeathPenalty
 from webapp import config, jobs, llm, prompting, tokens
 from webapp.extensions import db
 from webapp.factory import create_app
-from webapp.jobs.queue import redis_connection, sweep_forever, wait_for_redis, worker_queues
+from webapp.jobs.queue import redis_connection, wait_for_redis, worker_queues
+from webapp.jobs.sweep import sweep_forever
 from webapp.llm import targets
 from webapp.runtime import set_loaded_aside
 from webapp.runtime.health import WORKER_TTL_SECONDS

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from tests import factories
 from webapp import jobs, search, tools
 from webapp.extensions import db
-from webapp.jobs.queue import JOB_TYPES
+from webapp.jobs.runs import JOB_TYPES
 from webapp.llm import ToolCall
 from webapp.models import JobRun
 from webapp.tools import steps

@@ -16,9 +16,9 @@ from webapp.jobs.queue import (
     held_lock,
     lock_holder,
     rq_queue,
-    sweep,
     worker_queues,
 )
+from webapp.jobs.sweep import sweep
 from webapp.models import Account, JobRun
 
 
@@ -218,9 +218,9 @@ def test_each_job_gets_a_time_limit_that_fits_its_model_calls(app, admin):
     from webapp.jobs import schedule
     from webapp.jobs.consolidation import consolidate_chat
     from webapp.jobs.ping import ping
-    from webapp.jobs.queue import NO_MODEL_SECONDS
     from webapp.jobs.refinement import refine_agent
     from webapp.jobs.replies import request_replies
+    from webapp.jobs.runs import NO_MODEL_SECONDS
     from webapp.jobs.summaries import summarize
 
     app.config.update(LLM_TIMEOUT_SECONDS=120, REPLY_MAX_TOOL_TURNS=5, REFINEMENT_MAX_TURNS=12)

@@ -462,7 +462,8 @@ def test_a_reply_waiting_for_a_worker_cannot_be_retried(app, chat, ada, admin, c
 def test_a_reply_whose_worker_dies_twice_fails_with_a_working_retry(app, chat, ada, admin, client):
     import time_machine
 
-    from webapp.jobs.queue import HEARTBEAT_SECONDS, sweep
+    from webapp.jobs.queue import HEARTBEAT_SECONDS
+    from webapp.jobs.sweep import sweep
     from webapp.timeutil import utcnow
 
     [reply] = _pending(chat, ada)

@@ -9,7 +9,8 @@ from tests import sample_jobs
 from tests.conftest import wait_for
 from webapp import prompting, tokens
 from webapp.extensions import db
-from webapp.jobs.queue import JOB_TYPES, enqueue
+from webapp.jobs.queue import enqueue
+from webapp.jobs.runs import JOB_TYPES
 from webapp.models import JobRun
 from webapp.search import embedder
 

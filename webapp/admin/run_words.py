@@ -16,7 +16,8 @@ from sqlalchemy.orm import load_only
 
 from webapp.admin.common import bp
 from webapp.extensions import db
-from webapp.jobs.queue import JOB_TYPES, target_ids
+from webapp.jobs.queue import target_ids
+from webapp.jobs.runs import JOB_TYPES
 from webapp.models import Agent, Chat, JobRun, Message, access
 
 GONE = "a chat no longer here"

@@ -19,7 +19,8 @@ from webapp.admin.common import answer, bp, page_number, page_of
 from webapp.admin.prices import RUNS_HERE, Price, price_of
 from webapp.admin.run_words import on_unreadable_chats, worked_on
 from webapp.extensions import db
-from webapp.jobs.queue import JOB_TYPES, enqueue
+from webapp.jobs.queue import enqueue
+from webapp.jobs.runs import JOB_TYPES
 from webapp.llm import targets
 from webapp.models import Agent, JobRun, LlmCall
 from webapp.models.connections import account_connections

@@ -1,4 +1,5 @@
-"""Background jobs: one module per job; queue.py records, queues and locks their runs, schedule.py times them.
+"""Background jobs: one module per job; queue.py queues, runs and locks them, runs.py records their runs, sweep.py
+recovers lost work, schedule.py times them.
 
 Jobs are plain functions that take ids."""
 
@@ -7,6 +8,6 @@ import pkgutil
 
 
 def load_all() -> None:
-    """Import every job module, so each recorded job type is in webapp.jobs.queue.JOB_TYPES."""
+    """Import every job module, so each recorded job type is in webapp.jobs.runs.JOB_TYPES."""
     for module in pkgutil.iter_modules(__path__):
         importlib.import_module(f"{__name__}.{module.name}")

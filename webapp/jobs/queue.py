@@ -1,10 +1,12 @@
-"""Background jobs: the one way to enqueue, to record a run, to hold a lock, and to recover lost work.
+"""Background jobs: the one way to enqueue, to run a recorded job (recorded_job), and to hold a lock.
 
 The database, not Redis, is the record of work to do. `enqueue` writes a "queued" job_runs row in the caller's
 transaction and puts the job on RQ only once that commits; if Redis is down then, or later loses its data, the
 sweep (run by every worker, one at a time, every few seconds) puts the row's job back. A running job holds a
 lock named after its target whose value is its run id, renewed every HEARTBEAT_SECONDS: a killed worker's lock
 expires within LOCK_SECONDS, and the sweep then closes its run as "interrupted" and queues it again.
+
+The runs themselves (JobKind, JOB_TYPES, the job_runs rows) are webapp.jobs.runs; the sweep is webapp.jobs.sweep.
 """
 
 import functools
@@ -16,8 +18,6 @@ import traceback
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 import sqlalchemy as sa
@@ -26,11 +26,17 @@ from flask_sqlalchemy.session import Session as FlaskSession
 from redis import Redis
 from redis.exceptions import LockError, RedisError
 from rq import Queue, Retry, get_current_job
-from rq.exceptions import NoSuchJobError
-from rq.job import Job, JobStatus
 from rq.timeouts import JobTimeoutException
 
 from webapp.extensions import db
+from webapp.jobs.runs import (
+    JOB_TYPES,
+    JobKind,
+    add_queued,
+    finish_run,
+    queue_next_attempt,
+    take_run,
+)
 from webapp.llm import LLMError
 from webapp.models import Agent, Chat, JobRun, Message
 from webapp.models.runs import current_job_run_id
@@ -40,11 +46,6 @@ log = logging.getLogger(__name__)
 
 LOCK_SECONDS = 10  # a lock whose holder stopped renewing it is free after this
 HEARTBEAT_SECONDS = 2  # how often a holder renews its locks
-SWEEP_SECONDS = 5  # how often some worker sweeps
-QUEUED_GRACE = timedelta(seconds=5)  # a queued run younger than this may still be on its way to RQ
-MAX_INTERRUPTIONS = 2  # a target whose runs died this often in a row is not queued again by the sweep
-INTERRUPTED = "Interrupted: the worker running this job stopped before it finished."
-LIVE_RQ_STATUSES = (JobStatus.QUEUED, JobStatus.SCHEDULED, JobStatus.DEFERRED, JobStatus.STARTED)
 _PENDING = "cairn_pending_jobs"
 
 # Time limits (RQ stops a job that runs longer, raising JobTimeoutException in it). A job's limit follows from
@@ -57,10 +58,6 @@ _PENDING = "cairn_pending_jobs"
 # next run continues from there.
 JOB_MARGIN_SECONDS = 60
 BACKLOG_CALLS = 30
-NO_MODEL_SECONDS = 300  # a job that asks no model: the finders, ping
-
-# job_type -> how to run it again (from its job_runs row), so the sweep and "Run again" can.
-JOB_TYPES: dict[str, Callable[..., dict[str, Any]]] = {}
 
 
 def job_target(**ids: int | list[int]) -> str:
@@ -79,42 +76,6 @@ def target_ids(target: str | None, name: str) -> list[int]:
         if key == name:
             return [int(i) for i in ids.split(",") if i.isdigit()]
     return []
-
-
-@dataclass(frozen=True)
-class JobKind:
-    """What the queue knows about one recorded job function."""
-
-    job_type: str
-    title: str  # what pages call it: "Refine core memory"
-    target: Callable[..., str | None] | None
-    of: type[Agent | Chat | Message] | None  # what the job's first argument is the id (or ids) of
-    queue: str  # "replies" (served first) or "background"
-    unique: str | None  # "queued": one queued run per target; "active": one queued or running; None
-    resume: bool  # queue it again when its worker died
-    on_interrupt: Callable[[JobRun, bool], None] | None  # (the dead run, whether it is queued again)
-    timeout: Callable[..., int] | None  # seconds it may run, from its arguments; None: it asks no model
-
-    def timeout_for(self, args: tuple[Any, ...] | list[Any]) -> int:
-        """The job's time limit for these arguments (RQ's job timeout)."""
-        return int(self.timeout(*args)) if self.timeout else NO_MODEL_SECONDS
-
-    def target_of(self, args: tuple[Any, ...]) -> str | None:
-        return self.target(*args) if self.target else None
-
-    def lock_name(self, target: str | None) -> str:
-        return f"run:{self.job_type}:{target or ''}"
-
-    def account_of(self, args: tuple[Any, ...]) -> int | None:
-        """The account whose data the run touches: that of the record its first argument names (for a list
-        of ids, the first one), or None when the job has no such record or it is gone."""
-        first = args[0] if args and self.of is not None else None
-        if isinstance(first, list):
-            first = first[0] if first else None
-        if first is None:
-            return None
-        record = db.session.get(self.of, first)
-        return record.account_id if record else None
 
 
 def init_app(app: Flask) -> None:
@@ -220,8 +181,8 @@ def enqueue(func: Callable[..., Any], *args: Any, once_per: float | None = None)
     once_name = f"{kind.job_type}:{target}" if once_per else None
     if once_name and _recently(once_name):
         return None
-    run = _add_queued(kind, list(args), target, kind.account_of(args))
-    _after_commit(run.rq_job_id, func, list(args), once_name, once_per)
+    run = add_queued(kind, list(args), target, kind.account_of(args))
+    after_commit(run.rq_job_id, func, list(args), once_name, once_per)
     return run
 
 
@@ -258,21 +219,7 @@ def _only_adder(kind: JobKind, target: str | None) -> bool:
     return True
 
 
-def _add_queued(kind: JobKind, args: list[Any], target: str | None, account_id: int | None) -> JobRun:
-    run = JobRun(
-        job_type=kind.job_type,
-        account_id=account_id,
-        target=target,
-        args=args,
-        rq_job_id=uuid.uuid4().hex,
-        status="queued",
-        started_at=utcnow(),
-    )
-    db.session.add(run)
-    return run
-
-
-def _after_commit(
+def after_commit(
     job_id: str,
     func: Callable[..., Any],
     args: list[Any],
@@ -288,7 +235,7 @@ def _enqueue_pending(session: sa.orm.Session) -> None:
         try:
             if once_name:
                 once(once_name, once_per)
-            _push(job_id, func, args)
+            push(job_id, func, args)
         except RedisError as error:  # the queued row stays: the sweep puts it on the queue once Redis is back
             log.warning("could not queue job %s now (%s); the sweep will", job_id, error)
 
@@ -298,7 +245,7 @@ def _drop_pending(session: sa.orm.Session) -> None:
     session.info.pop(_PENDING, None)
 
 
-def _push(job_id: str, func: Callable[..., Any], args: list[Any]) -> None:
+def push(job_id: str, func: Callable[..., Any], args: list[Any]) -> None:
     kind: JobKind = func.job_kind
     max_retries, intervals = current_app.config["JOB_MAX_RETRIES"], current_app.config["JOB_RETRY_SECONDS"]
     retry = Retry(max=max_retries, interval=intervals[:max_retries]) if max_retries > 0 else None
@@ -356,13 +303,13 @@ def recorded_job(
 
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> dict[str, Any]:
-            run = _take_run(kind, args)
+            run = take_run(kind, args)
             if run is None:
                 return {"skipped": "superseded by a newer run"}
             with held_lock(kind.lock_name(run.target), token=str(run.id)) as mine:
                 if not mine:
                     counts = {"skipped": "another run of this target is running"}
-                    _finish_run(run.id, "done", counts=counts)
+                    finish_run(run.id, "done", counts=counts)
                     return counts
                 return _execute(run.id, func, args, kwargs)
 
@@ -373,31 +320,6 @@ def recorded_job(
         return wrapper
 
     return decorator
-
-
-def _take_run(kind: JobKind, args: tuple[Any, ...]) -> JobRun | None:
-    """The queued row this execution fulfils (or a new one); None when the sweep replaced this job."""
-    rq_job = get_current_job()
-    target = kind.target_of(args)
-    if rq_job is not None:
-        run = db.session.scalar(
-            sa.select(JobRun).where(JobRun.rq_job_id == rq_job.id).order_by(JobRun.id.desc()).limit(1)
-        )
-        if run is not None and run.status == "interrupted":
-            return None
-    else:  # called inline (a CLI --now, a test): it does the work a queued run of the same target waits for
-        run = db.session.scalar(
-            sa.select(JobRun)
-            .where(JobRun.job_type == kind.job_type, JobRun.target == target, JobRun.status == "queued")
-            .order_by(JobRun.id)
-            .limit(1)
-        )
-    if run is None or run.status != "queued":  # a scheduled job (rq-scheduler reuses its id), or inline
-        run = _add_queued(kind, list(args), target, kind.account_of(args))
-        if rq_job is not None:
-            run.rq_job_id = rq_job.id
-    db.session.commit()
-    return run
 
 
 def _execute(run_id: int, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -411,34 +333,17 @@ def _execute(run_id: int, func: Callable[..., Any], args: tuple[Any, ...], kwarg
     except Exception as error:
         db.session.rollback()
         # An error may carry the counts of the work done before it (what the agents that finished saved).
-        _finish_run(run_id, "failed", error=_describe(error), counts=getattr(error, "counts", None))
+        finish_run(run_id, "failed", error=_describe(error), counts=getattr(error, "counts", None))
         if isinstance(error, LLMError) and error.retryable:
             if _retries_left() > 0:
-                _queue_next_attempt(run_id)
+                queue_next_attempt(run_id)
         else:
             _cancel_retries()
         raise
     finally:
         current_job_run_id.reset(token)
-    _finish_run(run_id, "done", counts=counts)
+    finish_run(run_id, "done", counts=counts)
     return counts
-
-
-def _queue_next_attempt(run_id: int) -> None:
-    """RQ will run the job again after its backoff: a queued row says so, and survives a Redis loss."""
-    failed = db.session.get(JobRun, run_id)
-    kind = JOB_TYPES[failed.job_type].job_kind
-    run = _add_queued(kind, failed.args, failed.target, failed.account_id)
-    run.rq_job_id = failed.rq_job_id
-    db.session.commit()
-
-
-def _finish_run(run_id: int, status: str, *, error: str | None = None, counts: dict | None = None) -> None:
-    values: dict[str, Any] = {"status": status, "finished_at": utcnow(), "error": error}
-    if counts is not None:
-        values["counts"] = counts
-    db.session.execute(sa.update(JobRun).where(JobRun.id == run_id).values(**values))
-    db.session.commit()
 
 
 def _describe(error: Exception) -> str:
@@ -459,119 +364,6 @@ def _cancel_retries() -> None:
     rq_job = get_current_job()
     if rq_job is not None:
         rq_job.retries_left = None
-
-
-# --- the sweep ---
-
-
-def sweep() -> dict[str, int]:
-    """Close runs whose worker died (and queue them again), and put queued runs whose job is gone on RQ."""
-    return {"interrupted": _close_dead_runs(), "requeued": _requeue_lost_jobs()}
-
-
-def _close_dead_runs() -> int:
-    closed = 0
-    running = sa.select(JobRun).where(JobRun.status == "running").order_by(JobRun.id)
-    for run in db.session.scalars(running).all():
-        kind = JOB_TYPES[run.job_type].job_kind if run.job_type in JOB_TYPES else None
-        name = kind.lock_name(run.target) if kind else None
-        if name and lock_holder(name) == str(run.id):
-            continue
-        if _silent_for(run.id) < 2 * HEARTBEAT_SECONDS:
-            continue  # just seen unlocked: a live holder re-takes its lock within a heartbeat (Redis restart)
-        _interrupt(run, kind)
-        closed += 1
-    return closed
-
-
-def _silent_for(run_id: int) -> float:
-    """Seconds since the sweep first saw this run's lock missing (0 the first time)."""
-    key, ttl = f"cairn:once:unlocked:{run_id}", 300
-    if once(f"unlocked:{run_id}", ttl):
-        return 0.0
-    return ttl - redis_connection().pttl(key) / 1000
-
-
-def _interrupt(run: JobRun, kind: JobKind | None) -> None:
-    run.status, run.finished_at, run.error = "interrupted", utcnow(), INTERRUPTED
-    _forget_rq_job(run.rq_job_id)
-    again = kind is not None and kind.resume and _interruptions(run) < MAX_INTERRUPTIONS
-    if kind and kind.on_interrupt:
-        kind.on_interrupt(run, again)
-    if again:
-        queued = _add_queued(kind, run.args, run.target, run.account_id)
-        _after_commit(queued.rq_job_id, JOB_TYPES[run.job_type], run.args)
-    else:
-        run.error = f"{INTERRUPTED} Not queued again."
-    db.session.commit()
-    log.warning("run %s (%s %s) was interrupted; queued again: %s", run.id, run.job_type, run.target, again)
-
-
-def _interruptions(run: JobRun) -> int:
-    """How many of the target's latest runs in a row were interrupted (this one included)."""
-    latest = db.session.scalars(
-        sa.select(JobRun.status)
-        .where(JobRun.job_type == run.job_type, JobRun.target == run.target, JobRun.status != "queued")
-        .order_by(JobRun.id.desc())
-        .limit(MAX_INTERRUPTIONS + 1)
-    ).all()
-    count = 0
-    for status in latest:
-        if status != "interrupted" and count:
-            break
-        count += status == "interrupted"
-    return count
-
-
-def _forget_rq_job(job_id: str | None) -> None:
-    """Drop a dead run's RQ job, so RQ's own abandoned-job handling does not start it a second time."""
-    job = _rq_job(job_id)
-    if job is not None:
-        job.delete()
-
-
-def _rq_job(job_id: str | None) -> Job | None:
-    if not job_id:
-        return None
-    try:
-        return Job.fetch(job_id, connection=redis_connection())
-    except NoSuchJobError:
-        return None
-
-
-def _requeue_lost_jobs() -> int:
-    requeued = 0
-    waiting = sa.select(JobRun).where(JobRun.status == "queued", JobRun.started_at < utcnow() - QUEUED_GRACE)
-    runs = db.session.scalars(waiting.order_by(JobRun.id)).all()
-    jobs = Job.fetch_many([run.rq_job_id for run in runs], connection=redis_connection()) if runs else []
-    for run, job in zip(runs, jobs, strict=True):
-        status = job.get_status(refresh=False) if job is not None else None
-        if status in LIVE_RQ_STATUSES:
-            continue
-        if status in (JobStatus.FINISHED, JobStatus.FAILED):  # it ran without ever taking this row
-            said = getattr(status, "value", status)
-            run.status, run.finished_at = "failed", utcnow()
-            run.error = f"The queue dropped this job (RQ says {said}) before it ran."
-            db.session.commit()
-        elif run.job_type in JOB_TYPES:
-            _push(run.rq_job_id, JOB_TYPES[run.job_type], run.args)
-            requeued += 1
-    return requeued
-
-
-def sweep_forever(app: Flask, stop: threading.Event) -> None:
-    """Run by every worker in a thread: every SWEEP_SECONDS, one of them sweeps (whichever asks first)."""
-    while not stop.wait(SWEEP_SECONDS):
-        with app.app_context():
-            try:
-                if once("sweep", SWEEP_SECONDS - 0.5):
-                    found = sweep()
-                    if any(found.values()):
-                        log.info("sweep: %s", found)
-            except (RedisError, sa.exc.SQLAlchemyError) as error:
-                log.warning("sweep skipped: %s", error)
-            finally:
-                db.session.remove()
 
 
 def wait_for_redis(seconds: float = 30) -> None:

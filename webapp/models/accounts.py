@@ -62,7 +62,7 @@ class Account(db.Model):
 
     @property
     def account_id(self) -> int:
-        """Its own id, as a job about an account is recorded under it (webapp.jobs.queue.JobKind.account_of)."""
+        """Its own id, as a job about an account is recorded under it (webapp.jobs.runs.JobKind.account_of)."""
         return self.id
 
     def people_names(self) -> list[PersonName]:
