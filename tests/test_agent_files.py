@@ -12,8 +12,8 @@ import pytest
 import sqlalchemy as sa
 
 from tests import factories
-from webapp.agent_files.restore import read
 from webapp.agent_files.schema import SCHEMA
+from webapp.agent_files.validation import read
 from webapp.extensions import db
 from webapp.models import (
     Account,

@@ -11,8 +11,8 @@ import sqlalchemy as sa
 from tests import factories
 from tests.test_mcp import _run
 from webapp.agent_files.errors import AgentFileError
-from webapp.agent_files.restore import read
 from webapp.agent_files.schema import FILE_CAPS, UPLOAD_CAPS
+from webapp.agent_files.validation import read
 from webapp.extensions import db
 from webapp.mcp.http import Gate
 from webapp.models import Agent, Message

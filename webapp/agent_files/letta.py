@@ -18,7 +18,7 @@ from typing import Any
 from flask import current_app
 
 from webapp.agent_files.errors import AgentFileError
-from webapp.agent_files.export import iso
+from webapp.agent_files.naming import iso
 from webapp.agent_files.schema import FORMAT, VERSION, ref
 from webapp.models.agents import DEFAULT_CORE_TOKEN_BUDGET, DEFAULT_TOOLS, NAME_MAX_CHARS
 from webapp.models.memories import MAX_CONTENT_CHARS

@@ -8,8 +8,9 @@ from flask.cli import AppGroup
 
 from webapp.agent_files.errors import AgentFileError, NameRefused
 from webapp.agent_files.export import export_agent, record_export
-from webapp.agent_files.restore import import_agent, read
+from webapp.agent_files.restore import import_agent
 from webapp.agent_files.schema import SCHEMA
+from webapp.agent_files.validation import read
 from webapp.cli.options import ACCOUNT_HELP, resolve_account, resolve_agent
 from webapp.extensions import db
 from webapp.models import Account, Agent, User

@@ -27,8 +27,9 @@ from wtforms.validators import DataRequired, Length, NumberRange, Optional, Rege
 
 from webapp.agent_files.errors import AgentFileError, NameRefused, NameTaken
 from webapp.agent_files.export import export_agent, record_export
-from webapp.agent_files.restore import import_agent, read
+from webapp.agent_files.restore import import_agent
 from webapp.agent_files.schema import UPLOAD_CAPS
+from webapp.agent_files.validation import read
 from webapp.extensions import db
 from webapp.jobs.queue import redis_connection
 from webapp.models import Agent
