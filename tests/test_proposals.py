@@ -13,7 +13,8 @@ from webapp.jobs.reflection import reflect_agent
 from webapp.models import AgentMemory, AuditLog, MemoryProposal, ProposedChange
 from webapp.models.audit import undo
 from webapp.models.drift import core_history, drift_of
-from webapp.models.proposals import ProposalRefused, session_limits
+from webapp.models.memory_changes import session_limits
+from webapp.models.proposals import ProposalRefused
 from webapp.timeutil import utcnow
 
 LONG = "about the garden, the old roses along the north wall and the greenhouse where the cat sleeps"

@@ -18,13 +18,8 @@ from webapp.admin.provenance import chat_labels
 from webapp.extensions import db
 from webapp.models import AgentMemory, MemoryProposal, ProposedChange
 from webapp.models.memories import core_token_usage
-from webapp.models.proposals import (
-    ProposalRefused,
-    outcome_words,
-    pending,
-    pending_count,
-    session_limits,
-)
+from webapp.models.memory_changes import session_limits
+from webapp.models.proposals import ProposalRefused, outcome_words, pending, pending_count
 from webapp.timeutil import utcnow
 from webapp.web.auth import admin_required
 

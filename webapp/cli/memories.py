@@ -24,13 +24,8 @@ from webapp.jobs.reflection import agents_to_reflect_query, reflect_agent, refle
 from webapp.llm import LLMError
 from webapp.models import Account, Agent, AgentMemory, AuditLog, Chat, MemoryProposal, User
 from webapp.models.audit import dedup_for_agent, record_change
-from webapp.models.proposals import (
-    ProposalRefused,
-    expire_proposals,
-    outcome_words,
-    pending,
-    session_limits,
-)
+from webapp.models.memory_changes import session_limits
+from webapp.models.proposals import ProposalRefused, expire_proposals, outcome_words, pending
 from webapp.models.search import EMBEDDED_KINDS
 from webapp.search import indexing
 from webapp.search.embedder import EmbeddingError

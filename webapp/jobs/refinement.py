@@ -29,13 +29,8 @@ from webapp.models.access import Audience, audiences_of
 from webapp.models.audit import ROLLED_BACK, dedup_for_agent, duplicates, session_rows
 from webapp.models.drift import drift_of
 from webapp.models.memories import core_memories, core_token_usage, core_tokens, needs_refinement
-from webapp.models.proposals import (
-    ProposedChange,
-    expire_proposals,
-    pending_proposal,
-    refused_changes,
-    staging,
-)
+from webapp.models.memory_changes import ProposedChange, staging
+from webapp.models.proposals import expire_proposals, pending_proposal, refused_changes
 from webapp.prompting import render
 from webapp.prompting.build import fit_to_budget, memory_budget
 from webapp.timeutil import utcnow

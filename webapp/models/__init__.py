@@ -7,7 +7,8 @@ from webapp.models.audit import AuditLog
 from webapp.models.chats import Chat, ChatAgent, ChatHidden, ChatPerson, Message
 from webapp.models.connections import Connection
 from webapp.models.memories import AgentMemory, MemorySource, ReplySources
-from webapp.models.proposals import MemoryProposal, ProposedChange
+from webapp.models.memory_changes import ProposedChange
+from webapp.models.proposals import MemoryProposal
 from webapp.models.runs import JobRun, LlmCall
 from webapp.models.search import EmbeddingQueue, SearchTableStats, SearchTermStats
 

@@ -29,7 +29,8 @@ from webapp.models import Agent, AgentMemory, AuditLog
 from webapp.models.access import EVERYONE, Audience
 from webapp.models.audit import record_change, roll_back_session
 from webapp.models.memories import core_memories, core_token_usage, like_pattern, token_pages
-from webapp.models.proposals import MemoryProposal, ProposedChange, merge, remove, rewrite
+from webapp.models.memory_changes import ProposedChange, merge, remove, rewrite
+from webapp.models.proposals import MemoryProposal
 from webapp.timeutil import utcnow
 from webapp.tools.base import Tool
 
