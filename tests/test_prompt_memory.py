@@ -15,7 +15,7 @@ from webapp.factory import create_app
 from webapp.jobs.replies import request_replies, respond
 from webapp.llm.targets import for_agent
 from webapp.models import AgentMemory, LlmCall, ReplySources
-from webapp.models.memories import MemoryWithin
+from webapp.models.memory_budget import MemoryWithin
 from webapp.prompting.build import _memory_section, build_prompt
 from webapp.search.indexing import index_memories
 from webapp.timeutil import utcnow

@@ -16,7 +16,8 @@ from webapp.extensions import db
 from webapp.llm import targets
 from webapp.models import Agent, AgentMemory, Chat, ChatAgent, ChatPerson, User
 from webapp.models.access import memories_heard_by, readable_chats
-from webapp.models.memories import active_memories, memories_within
+from webapp.models.memories import active_memories
+from webapp.models.memory_budget import memories_within
 from webapp.prompting.build import memory_budget
 from webapp.timeutil import utcnow
 from webapp.tools.recall import conversations_of, search_results

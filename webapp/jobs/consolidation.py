@@ -39,8 +39,8 @@ from webapp.models.memories import (
     active_memories,
     add_sources,
     content_hash_of,
-    memories_within,
 )
+from webapp.models.memory_budget import memories_within
 from webapp.prompting import render
 from webapp.prompting.build import memory_budget
 from webapp.timeutil import utcnow

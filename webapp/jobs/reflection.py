@@ -24,7 +24,8 @@ from webapp.llm.targets import ModelTarget
 from webapp.models import Agent, AgentMemory
 from webapp.models.access import Audience, audiences_of
 from webapp.models.audit import record_change
-from webapp.models.memories import core_memories, recent_journal, token_pages
+from webapp.models.memories import core_memories, recent_journal
+from webapp.models.memory_budget import token_pages
 from webapp.prompting import render
 from webapp.prompting.build import memory_budget
 from webapp.timeutil import utcnow

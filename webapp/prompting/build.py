@@ -21,7 +21,8 @@ from webapp.llm.targets import ModelTarget
 from webapp.models import Agent, AgentMemory, Chat, ChatAgent, Message, ReplySources, User, public_ids
 from webapp.models.access import chats_heard_in, memories_heard
 from webapp.models.chats import other_conversation_summaries
-from webapp.models.memories import MemoryWithin, active_memories, memories_within
+from webapp.models.memories import active_memories
+from webapp.models.memory_budget import MemoryWithin, memories_within
 from webapp.prompting import render
 from webapp.prompting.window import prompt_tokens, text_tokens
 from webapp.search.terms import terms

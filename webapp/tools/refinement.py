@@ -28,7 +28,8 @@ from webapp.extensions import db
 from webapp.models import Agent, AgentMemory, AuditLog
 from webapp.models.access import EVERYONE, Audience
 from webapp.models.audit import record_change, roll_back_session
-from webapp.models.memories import core_memories, core_token_usage, like_pattern, token_pages
+from webapp.models.memories import core_memories, core_token_usage, like_pattern
+from webapp.models.memory_budget import token_pages
 from webapp.models.memory_changes import ProposedChange, merge, remove, rewrite
 from webapp.models.proposals import MemoryProposal
 from webapp.timeutil import utcnow
