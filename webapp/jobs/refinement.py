@@ -35,7 +35,8 @@ from webapp.prompting import render
 from webapp.prompting.build import fit_to_budget, memory_budget
 from webapp.timeutil import utcnow
 from webapp.tools import RefinementSession, run_tool_call, schemas_for
-from webapp.tools.refinement import TOOL, VIA
+from webapp.tools.refine_memory import TOOL
+from webapp.tools.refinement import VIA
 
 REFINE_EVERY = timedelta(weeks=1)
 TRIGGER_COOLDOWN_SECONDS = 86_400

@@ -1,6 +1,6 @@
-"""The refinement tool (spec 002): one polymorphic tool, refine_memory, an agent uses on its own core memory
-during a refinement session (its context). It is never in an agent's enabled tools; only the refinement job
-offers it. Like every tool, its arguments are checked against its schema before it runs.
+"""A refinement session (spec 002): what the refine_memory tool (refine_memory.py) acts on while an agent refines
+its own core memory, its actions (page, search, consolidate, update, delete, protect, complete) and how the
+session closes. Only the refinement job (webapp.jobs.refinement) runs one.
 
 Safety the spec lacks (DESIGN.md 5.4): every audit row carries the session id; at most `max_mutations`
 changes per session; after each change, if core tokens fall below `floor` times the session's starting
@@ -33,9 +33,16 @@ from webapp.models.memory_budget import token_pages
 from webapp.models.memory_changes import ProposedChange, merge, remove, rewrite
 from webapp.models.proposals import MemoryProposal
 from webapp.timeutil import utcnow
-from webapp.tools.base import Tool
+from webapp.tools.refinement_results import (
+    ACTIONS,
+    constitutional_refusal,
+    error_result,
+    memory_summary,
+    param_error,
+    parse_ids,
+    unlisted_refusal,
+)
 
-ACTIONS = ("page", "search", "consolidate", "update", "delete", "protect", "complete")
 MUTATIONS = ("consolidate", "update", "delete", "protect")
 VIA = "refinement"
 
@@ -93,10 +100,10 @@ class RefinementSession:
     def run(self, arguments: dict[str, Any]) -> dict[str, Any]:
         """Execute one tool call; errors come back as results the model can read."""
         if self.pass_over:
-            return _error("The session is over; no more changes are accepted.")
+            return error_result("The session is over; no more changes are accepted.")
         action = str(arguments.get("action", ""))
         if action not in ACTIONS:
-            return _error(f"Invalid action '{action}'")
+            return error_result(f"Invalid action '{action}'")
         params = {k: str(v) for k, v in arguments.items() if k != "action" and v is not None}
         try:
             if action in MUTATIONS and (refusal := self._over_cap(action, params)):
@@ -104,7 +111,7 @@ class RefinementSession:
             result = getattr(self, f"_{action}")(**params)
         except (ValueError, TypeError) as error:  # bad parameters or content the model itself rejects
             db.session.rollback()
-            return _error(str(error))
+            return error_result(str(error))
         if action in MUTATIONS and result.get("type") != "error":
             return self._check_floor() or result
         return result
@@ -113,12 +120,14 @@ class RefinementSession:
         """The refusal when the call would change more memories than the session has left; else None."""
         left = self.max_mutations - self.mutations
         listed = params.get("ids", "").strip() or params.get("id", "")
-        wanted = len(set(_ids(listed))) if action in ("consolidate", "delete") else 1
+        wanted = len(set(parse_ids(listed))) if action in ("consolidate", "delete") else 1
         if wanted <= left:
             return None
         if left <= 0:
-            return _error(f"This session allows at most {self.max_mutations} changes; call complete now.")
-        return _error(
+            return error_result(
+                f"This session allows at most {self.max_mutations} changes; call complete now."
+            )
+        return error_result(
             f"This session allows at most {self.max_mutations} changes and {left} are left; this call would "
             f"change {wanted} memories. Change fewer, or call complete."
         )
@@ -140,25 +149,25 @@ class RefinementSession:
 
     def _page(self, page: str = "", **_: str) -> dict[str, Any]:
         if not page.strip().isdigit():
-            return _param_error("page", "page (a number)")
+            return param_error("page", "page (a number)")
         pages, number = self.pages(), int(page)
         if not 1 <= number <= len(pages):
-            return _error(f"There are {len(pages)} pages; ask for a page from 1 to {len(pages)}.")
+            return error_result(f"There are {len(pages)} pages; ask for a page from 1 to {len(pages)}.")
         return {
             "type": "page",
             "page": number,
             "pages": len(pages),
-            "results": [_summary(m) for m in pages[number - 1]],
+            "results": [memory_summary(m) for m in pages[number - 1]],
         }
 
     def _search(self, query: str = "", **_: str) -> dict[str, Any]:
         if not query.strip():
-            return _param_error("search", "query")
+            return param_error("search", "query")
         found = db.session.scalars(
             self._listed().where(AgentMemory.content.ilike(like_pattern(query.strip()), escape="\\"))
         ).all()
         shown = token_pages(found, self.page_tokens)[:1]
-        results = [_summary(m) for m in (shown[0] if shown else [])]
+        results = [memory_summary(m) for m in (shown[0] if shown else [])]
         result = {"type": "search_results", "query": query, "count": len(found), "results": results}
         if len(results) < len(found):
             result["note"] = (
@@ -168,16 +177,16 @@ class RefinementSession:
 
     def _consolidate(self, ids: str = "", content: str = "", **_: str) -> dict[str, Any]:
         if not ids.strip():
-            return _param_error("consolidate", "ids")
+            return param_error("consolidate", "ids")
         if not content.strip():
-            return _param_error("consolidate", "content")
-        wanted = _ids(ids)
+            return param_error("consolidate", "content")
+        wanted = parse_ids(ids)
         memories = self._memories(wanted)
-        if refusal := _constitutional_refusal("consolidate", memories):
+        if refusal := constitutional_refusal("consolidate", memories):
             return refusal
         if not memories:
-            return _error("No matching memories found")
-        if refusal := _unlisted_refusal(wanted, memories) or self._refused_again("merge", memories, content):
+            return error_result("No matching memories found")
+        if refusal := unlisted_refusal(wanted, memories) or self._refused_again("merge", memories, content):
             return refusal
         if self.staged:
             return self._propose("merge", memories, content, "consolidated")
@@ -193,12 +202,12 @@ class RefinementSession:
 
     def _update(self, id: str = "", content: str = "", **_: str) -> dict[str, Any]:
         if not id.strip():
-            return _param_error("update", "id")
+            return param_error("update", "id")
         if not content.strip():
-            return _param_error("update", "content")
-        memory = next(iter(self._memories(_ids(id))), None)
+            return param_error("update", "content")
+        memory = next(iter(self._memories(parse_ids(id))), None)
         if memory is None:
-            return _error(f"Memory #{id} not found")
+            return error_result(f"Memory #{id} not found")
         if refusal := self._refused_again("rewrite", [memory], content):
             return refusal
         if self.staged:
@@ -209,11 +218,11 @@ class RefinementSession:
         return {"type": "updated", "id": memory.id, "content": memory.content}
 
     def _delete(self, id: str = "", ids: str = "", **_: str) -> dict[str, Any]:
-        wanted = _ids(ids) if ids.strip() else _ids(id) if id.strip() else None
+        wanted = parse_ids(ids) if ids.strip() else parse_ids(id) if id.strip() else None
         if wanted is None:
-            return _param_error("delete", "id or ids")
+            return param_error("delete", "id or ids")
         memories = self._memories(wanted)
-        if refusal := _constitutional_refusal("delete", memories):
+        if refusal := constitutional_refusal("delete", memories):
             return refusal
         if memories and (refusal := self._refused_again("delete", memories, None)):
             return refusal
@@ -226,10 +235,10 @@ class RefinementSession:
 
     def _protect(self, id: str = "", **_: str) -> dict[str, Any]:
         if not id.strip():
-            return _param_error("protect", "id")
-        memory = next(iter(self._memories(_ids(id))), None)
+            return param_error("protect", "id")
+        memory = next(iter(self._memories(parse_ids(id))), None)
         if memory is None:
-            return _error(f"Memory #{id} not found")
+            return error_result(f"Memory #{id} not found")
         before = memory.snapshot()
         memory.constitutional = True
         record_change(memory, "memory_refinement_protect", before, via=VIA, session_id=self.session_id)
@@ -239,7 +248,7 @@ class RefinementSession:
 
     def _complete(self, summary: str = "", **_: str) -> dict[str, Any]:
         if not summary.strip():
-            return _param_error("complete", "summary")
+            return param_error("complete", "summary")
         self._note(summary.strip())
         self.summaries.append(summary.strip())
         self.pass_done = True
@@ -335,7 +344,7 @@ class RefinementSession:
         )
         db.session.commit()
         self.status = "rolled_back"
-        return _error(
+        return error_result(
             f"Core memory fell to {usage} tokens, below {self.floor:.0%} of the {self.start_tokens} it started "
             "with. The whole session has been rolled back. Stop now."
         )
@@ -369,7 +378,7 @@ class RefinementSession:
         for change in self.refused:
             if change.repeats(kind, memories, content):
                 when = change.proposal.decided_at.strftime("%Y-%m-%d")
-                return _error(
+                return error_result(
                     f"This {kind} was refused by a person on {when}; do not propose it again unchanged."
                 )
         return None
@@ -381,81 +390,3 @@ class RefinementSession:
             listed = ", ".join(f"#{memory_id}" for memory_id in taken)
             raise ValueError(f"A change of {listed} is already proposed in this session; leave it as it is.")
         return list(db.session.scalars(self._listed().where(AgentMemory.id.in_(ids))))
-
-
-def _constitutional_refusal(verb: str, memories: list[AgentMemory]) -> dict[str, Any] | None:
-    """The error result when any of the memories is constitutional (they cannot be deleted or merged)."""
-    protected = [m.id for m in memories if m.constitutional]
-    if not protected:
-        return None
-    return _error(f"Cannot {verb} constitutional memories: {', '.join(map(str, protected))}")
-
-
-def _unlisted_refusal(wanted: list[int], memories: list[AgentMemory]) -> dict[str, Any] | None:
-    """The error result when some memories to merge are not among those listed in the session (another
-    agent's, deleted, or heard by other people than the memories this session is about)."""
-    missing = sorted(set(wanted) - {m.id for m in memories})
-    if not missing:
-        return None
-    listed = ", ".join(f"#{memory_id}" for memory_id in missing)
-    return _error(
-        f"Cannot consolidate {listed}: not among the memories listed in this session. Consolidate only those."
-    )
-
-
-def _ids(text: str) -> list[int]:
-    ids = [part.strip().lstrip("#") for part in text.split(",") if part.strip()]
-    if not all(part.isdigit() for part in ids):
-        raise ValueError(f"ids must be memory numbers separated by commas, not {text!r}")
-    return [int(part) for part in ids]
-
-
-def _summary(memory: AgentMemory) -> dict[str, Any]:
-    return {
-        "id": memory.id,
-        "content": memory.content,
-        "created_at": memory.created_at.isoformat(),
-        "tokens": memory.token_estimate,
-        "constitutional": memory.constitutional,
-        "heard_by": memory.heard_by,
-    }
-
-
-def _error(message: str) -> dict[str, Any]:
-    return {"type": "error", "error": message, "allowed_actions": list(ACTIONS)}
-
-
-def _param_error(action: str, param: str) -> dict[str, Any]:
-    return _error(f"{param} is required for {action}")
-
-
-def refine_memory(session: RefinementSession, **arguments: Any) -> dict[str, Any]:
-    """Run one refine_memory call in its session."""
-    return session.run(arguments)
-
-
-NUMBERS = ["string", "integer"]  # a memory or page number, as text or as a number
-
-TOOL = Tool(
-    name="refine_memory",
-    description="Memory refinement tool. Actions: page, search, consolidate, update, delete, protect, complete.",
-    parameters={
-        "type": "object",
-        "properties": {
-            "action": {
-                "type": "string",
-                "enum": list(ACTIONS),
-                "description": "page, search, consolidate, update, delete, protect, or complete",
-            },
-            "page": {"type": NUMBERS, "description": "Page number of your core memories (for page)"},
-            "query": {"type": "string", "description": "Search query (for search action)"},
-            "ids": {"type": NUMBERS, "description": "Comma-separated memory IDs (for consolidate, delete)"},
-            "id": {"type": NUMBERS, "description": "Single memory ID (for update, delete, protect)"},
-            "content": {"type": "string", "description": "New content (for consolidate, update)"},
-            "summary": {"type": "string", "description": "Refinement summary (for complete)"},
-        },
-        "required": ["action"],
-    },
-    run=refine_memory,
-    in_replies=False,
-)
