@@ -18,13 +18,7 @@ from webapp.agent_files.export_chats import (
 from webapp.agent_files.naming import Refs, iso, person
 from webapp.agent_files.schema import DATA_REFS, FORMAT, VERSION, names_an_id
 from webapp.extensions import db
-from webapp.models import (
-    Agent,
-    AgentMemory,
-    AuditLog,
-    MemorySource,
-    User,
-)
+from webapp.models import Agent, AgentMemory, AuditLog, MemorySource, User
 from webapp.models.access import ChatNames
 from webapp.timeutil import utcnow
 

@@ -23,9 +23,7 @@ from slugify import slugify
 
 from webapp.agent_files.errors import AgentFileError
 from webapp.agent_files.export_chats import CHAT_IMPORT
-from webapp.agent_files.schema import (
-    DATA_REFS,
-)
+from webapp.agent_files.schema import DATA_REFS
 from webapp.agent_files.validation import free_name, short, time
 from webapp.extensions import db
 from webapp.models import (

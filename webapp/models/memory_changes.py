@@ -15,13 +15,7 @@ from webapp.models.access import same_audience
 from webapp.models.agents import Agent
 from webapp.models.audit import record_change
 from webapp.models.drift import drift_of
-from webapp.models.memories import (
-    AgentMemory,
-    add_sources,
-    checked_content,
-    content_hash_of,
-    source_ids,
-)
+from webapp.models.memories import AgentMemory, add_sources, checked_content, content_hash_of, source_ids
 from webapp.tokens import count_tokens
 
 

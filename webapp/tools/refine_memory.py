@@ -6,9 +6,7 @@ from typing import Any
 
 from webapp.tools.base import Tool
 from webapp.tools.refinement import RefinementSession
-from webapp.tools.refinement_results import (
-    ACTIONS,
-)
+from webapp.tools.refinement_results import ACTIONS
 
 
 def refine_memory(session: RefinementSession, **arguments: Any) -> dict[str, Any]:

@@ -4,14 +4,7 @@ open, governed) or a 404, 403 or 409."""
 from datetime import timedelta
 
 import sqlalchemy as sa
-from flask import (
-    Blueprint,
-    abort,
-    current_app,
-    flash,
-    redirect,
-    url_for,
-)
+from flask import Blueprint, abort, current_app, flash, redirect, url_for
 from flask.typing import ResponseReturnValue
 from flask_login import current_user
 from flask_wtf import FlaskForm
@@ -21,13 +14,7 @@ from wtforms.validators import ValidationError
 from webapp.actions.ask import announce_new
 from webapp.extensions import db
 from webapp.jobs.replies import WAITING
-from webapp.models import (
-    Agent,
-    Chat,
-    ChatPerson,
-    Message,
-    access,
-)
+from webapp.models import Agent, Chat, ChatPerson, Message, access
 from webapp.web.auth import readable_chat_or_404
 
 bp = Blueprint("chats", __name__, url_prefix="/chats")

@@ -3,12 +3,7 @@
 from dataclasses import dataclass
 
 import sqlalchemy as sa
-from flask import (
-    redirect,
-    render_template,
-    request,
-    url_for,
-)
+from flask import redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 from flask_login import current_user, login_required
 from flask_wtf import FlaskForm
@@ -17,12 +12,7 @@ from wtforms import SelectMultipleField, StringField, widgets
 from wtforms.validators import DataRequired, Length
 
 from webapp.extensions import db
-from webapp.models import (
-    Chat,
-    ChatHidden,
-    Message,
-    access,
-)
+from webapp.models import Chat, ChatHidden, Message, access
 from webapp.web import model_picker
 from webapp.web.chats.common import account_agents, bp
 from webapp.web.fragments import page_or_fragment

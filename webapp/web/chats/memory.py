@@ -2,26 +2,14 @@
 the chat's conversation summary."""
 
 import sqlalchemy as sa
-from flask import (
-    abort,
-    flash,
-    redirect,
-    render_template,
-    request,
-    url_for,
-)
+from flask import abort, flash, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 from flask_login import current_user, login_required
 
 from webapp import search
 from webapp.extensions import db
 from webapp.llm import targets
-from webapp.models import (
-    AgentMemory,
-    AuditLog,
-    Chat,
-    access,
-)
+from webapp.models import AgentMemory, AuditLog, Chat, access
 from webapp.models.audit import FORGOTTEN_VIA, record_change
 from webapp.prompting.build import prompt_memory
 from webapp.timeutil import utcnow

@@ -2,12 +2,7 @@
 webapp.actions.ask, as /v1 does."""
 
 import sqlalchemy as sa
-from flask import (
-    Response,
-    abort,
-    render_template,
-    request,
-)
+from flask import Response, abort, render_template, request
 from flask.typing import ResponseReturnValue
 from flask_login import current_user, login_required
 
@@ -16,11 +11,7 @@ from webapp.actions.ask import ask_agents, post_message
 from webapp.extensions import db
 from webapp.jobs.replies import retry_refusal, retry_reply, stop_reply
 from webapp.limits import replies_limit
-from webapp.models import (
-    Agent,
-    Chat,
-    Message,
-)
+from webapp.models import Agent, Chat, Message
 from webapp.timeutil import utcnow
 from webapp.web.chats.common import STUCK_AFTER, MessageForm, bp, message_in, open_chat
 from webapp.web.guards import notice

@@ -7,23 +7,13 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import sqlalchemy as sa
-from flask import (
-    current_app,
-    g,
-    render_template,
-    request,
-)
+from flask import current_app, g, render_template, request
 from flask.typing import ResponseReturnValue
 from flask_login import current_user, login_required
 from sqlalchemy.orm import joinedload
 
 from webapp.extensions import db
-from webapp.models import (
-    Chat,
-    ChatAgent,
-    Message,
-    access,
-)
+from webapp.models import Chat, ChatAgent, Message, access
 from webapp.models.chats import other_conversations
 from webapp.timeutil import utcnow
 from webapp.tools.steps import UNNAMED_CHIP

@@ -1,25 +1,14 @@
 """Who takes part in a chat: its people (the panel, adding and taking out) and its agents (adding one)."""
 
 import sqlalchemy as sa
-from flask import (
-    abort,
-    redirect,
-    request,
-    url_for,
-)
+from flask import abort, redirect, request, url_for
 from flask.typing import ResponseReturnValue
 from flask_login import current_user, login_required
 from flask_wtf import FlaskForm
 from wtforms import SelectField
 
 from webapp.extensions import db
-from webapp.models import (
-    Agent,
-    Chat,
-    ChatPerson,
-    User,
-    access,
-)
+from webapp.models import Agent, Chat, ChatPerson, User, access
 from webapp.web.auth import owned_or_404, readable_chat_or_404
 from webapp.web.chats.common import back_to, bp, governed, not_widened, open_chat
 from webapp.web.guards import notice

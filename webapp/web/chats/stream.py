@@ -3,23 +3,13 @@ the person may no longer read the chat."""
 
 import time
 
-from flask import (
-    Response,
-    current_app,
-    render_template,
-    request,
-    stream_with_context,
-)
+from flask import Response, current_app, render_template, request, stream_with_context
 from flask.typing import ResponseReturnValue
 from flask_login import current_user, login_required
 
 from webapp import events
 from webapp.extensions import db
-from webapp.models import (
-    Chat,
-    Message,
-    access,
-)
+from webapp.models import Chat, Message, access
 from webapp.web.auth import readable_chat_or_404
 from webapp.web.chats.common import STUCK_AFTER, bp
 from webapp.web.chats.page import forget_which_chats_readable

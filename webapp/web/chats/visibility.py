@@ -2,24 +2,14 @@
 is listed (discarded and restored for everyone, hidden and unhidden for oneself)."""
 
 import sqlalchemy as sa
-from flask import (
-    abort,
-    flash,
-    redirect,
-    render_template,
-    request,
-    url_for,
-)
+from flask import abort, flash, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 from flask_login import current_user, login_required
 from flask_wtf import FlaskForm
 from wtforms import SelectField
 
 from webapp.extensions import db
-from webapp.models import (
-    ChatHidden,
-    access,
-)
+from webapp.models import ChatHidden, access
 from webapp.models.chats import CHAT_VISIBILITIES
 from webapp.timeutil import utcnow
 from webapp.web.auth import readable_chat_or_404
