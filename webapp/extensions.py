@@ -33,7 +33,7 @@ db = SQLAlchemy(model_class=Base)
 migrate = Migrate()
 login_manager = LoginManager()
 csrf = CSRFProtect()
-# Only the limits declared on views apply (no default limit); storage is the app's Redis (webapp.web.guards).
+# Only the limits declared on views apply (no default limit); storage is the app's Redis (webapp.limits).
 limiter = Limiter(key_func=get_remote_address)
 
 

@@ -1,4 +1,5 @@
-"""The processes of `make run`: how each is started (processes) and the supervisor that restarts them."""
+"""The processes of `make run`: how each is started (processes), the supervisor that restarts them, and whether
+each service answers (health: `flask check`, /healthz and the pages' banner)."""
 
 import gc
 
