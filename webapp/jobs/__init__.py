@@ -1,5 +1,7 @@
-"""Background jobs: one module per job; queue.py queues, runs and locks them, runs.py records their runs, sweep.py
-recovers lost work, schedule.py times them.
+"""Background jobs: one module per job, and the machinery that queues, records, recovers and times them.
+
+queue.py queues, runs and locks them, runs.py records their runs, sweep.py recovers lost work, schedule.py times
+them.
 
 Jobs are plain functions that take ids."""
 

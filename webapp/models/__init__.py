@@ -1,5 +1,6 @@
-"""The data and its verbs: one module per aggregate (memory scopes, the audit trail), importable from here. access.py
-is the one rule of who may read a chat, hear a memory, govern a chat and see a chat named."""
+"""The data and its verbs: one module per aggregate (memory scopes, the audit trail), importable from here.
+
+access.py is the one rule of who may read a chat, hear a memory, govern a chat and see a chat named."""
 
 from webapp.models.accounts import Account, User, UserSession
 from webapp.models.agents import Agent

@@ -1,5 +1,6 @@
-"""The processes of `make run`: how each is started (processes), the supervisor that restarts them, and whether
-each service answers (health: `flask check`, /healthz and the pages' banner)."""
+"""The processes of `make run`: how each starts (processes), who restarts them (supervisor), whether each answers.
+
+health.py's probes serve `flask check`, /healthz and the pages' banner."""
 
 import gc
 
