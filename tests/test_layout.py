@@ -53,3 +53,23 @@ def test_each_package_says_in_one_line_what_lives_there():
         assert docstring, f"{package.name}/__init__.py has no docstring"
         summary, _, rest = docstring.partition("\n")
         assert summary.endswith(".") and (not rest or rest.startswith("\n")), f"{package.name}: {summary}"
+
+
+MAX_MODULE_LINES = 400
+# Over the limit, each with a split waiting for the work now changing it (issue 34): remove a name once it is split.
+NOT_YET_SPLIT = {
+    "jobs/consolidation.py",
+    "jobs/replies.py",
+    "prompting/build.py",
+    "search/__init__.py",
+}
+
+
+def test_no_module_is_over_400_lines():
+    long = {
+        str(path.relative_to(PACKAGE)): count
+        for path in PACKAGE.rglob("*.py")
+        if (count := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+
+    assert set(long) - NOT_YET_SPLIT == set(), long
