@@ -1,7 +1,15 @@
 """Search fuses ranked lists it is given as signals (issue 34): each list's z-scores times its weight; a third kind
 of evidence is one more Signal, with no change to fuse."""
 
-from webapp.search import DENSE_WEIGHT, MIN_SIMILARITY, Signal, fuse
+from webapp.search import (
+    DENSE_WEIGHT,
+    DRAWN_FROM_WEIGHT,
+    MIN_SIMILARITY,
+    SOURCES_COUNTED,
+    Signal,
+    drawn_from,
+    fuse,
+)
 
 
 def test_words_and_meaning_fuse_as_two_weighted_signals():
@@ -26,3 +34,18 @@ def test_a_row_below_its_floor_counts_when_another_signal_found_it():
     weak = [(7, 0.01), (8, 0.01)]
 
     assert fuse([Signal([(7, 1.0)]), Signal(weak, alone_at_least=0.5)], k=5) == [7]
+
+
+def test_the_turns_a_memory_came_from_score_its_best_memorys_match():
+    memories = [(10, 2.0), (11, 1.0), (12, 0.5)]
+    sources = {
+        10: [100],
+        11: [100, 101],
+        12: [200, 201, 202, 203, 204],
+    }  # 12: a whole chunk, too many to count
+
+    signal = drawn_from(memories, sources)
+
+    assert signal.hits == [(100, 2.0), (101, 1.0)]
+    assert signal.weight == DRAWN_FROM_WEIGHT
+    assert SOURCES_COUNTED < len(sources[12])

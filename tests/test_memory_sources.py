@@ -10,6 +10,7 @@ import time_machine
 
 from tests import factories
 from tests.test_memory_audience import ana, ben  # noqa: F401  (fixtures)
+from webapp import search
 from webapp.extensions import db
 from webapp.jobs.consolidation import consolidate_chat
 from webapp.jobs.reflection import reflect_agent
@@ -179,6 +180,39 @@ def test_a_recall_hit_on_a_memory_brings_its_source_turns_once(app, acme, ana, a
     assert f"[{said.created_at:%Y-%m-%d %H:%M}]" in hit["excerpt"]
     assert hit["conversation_id"] == chat.public_id
     assert json.dumps(answer).count("it was moving") == 1  # not again in a message hit
+
+
+def test_a_memorys_match_counts_toward_the_turn_it_came_from(app, acme, ana, ada):
+    chat = factories.chat(acme, [ada], "Outings", people=[ana])
+    said = factories.message(chat, "We went there on Sunday, the orchids were in bloom.", author=ana)
+    filler = [factories.message(chat, f"Filler turn number {n}.", author=ana) for n in range(4)]
+    garden = factories.message(chat, "My garden needs rain.", author=ana)  # the query's words, not its answer
+    memories = [
+        _memory_with_sources(ada, "Ana visited the botanical garden.", [said], chat_id=chat.id),
+        _memory_with_sources(ada, "Ana mentioned a garden.", [filler[0]], chat_id=chat.id),
+        _memory_with_sources(ada, "Ana likes her garden.", [filler[1]], chat_id=chat.id),
+    ]
+    _index(*memories, said, garden, *filler)
+    chats = sa.select(Chat.id).where(Chat.id == chat.id)
+    found = search.memory_hits(ada.id, "botanical garden", 10)
+    drawn_from = search.drawn_from(found, search.sources([m.id for m in memories], chats))
+
+    by_words = search.messages(chats, "botanical garden", 1)
+    with_memories = search.messages(chats, "botanical garden", 1, drawn_from=drawn_from)
+
+    assert [e.found for e in by_words] == [[garden.id]]
+    assert [e.found for e in with_memories] == [[said.id]]
+
+
+def test_a_memory_is_shown_with_the_excerpt_that_holds_its_turns_not_beside_it(app, acme, ana, ada):
+    chat = factories.chat(acme, [ada], "Outings", people=[ana])
+    said = factories.message(chat, "We went to the botanical garden on Sunday.", author=ana)
+    memory = _memory_with_sources(ada, "Ana visited the botanical garden.", [said], chat_id=chat.id)
+    _index(memory, said)
+
+    [hit] = recall(_context(ada, chat), "botanical garden")["results"]
+
+    assert hit["memory_id"] == memory.id and said.content in hit["excerpt"]
 
 
 # A source in a private chat reaches no one outside it

@@ -56,13 +56,17 @@ def search_results(
     search_memory call this.)"""
     limit = current_app.config["RECALL_MAX_RESULTS"]
     vector = search.query_vector(query, agent_id=agent.id, chat_id=chat_id)
-    # The messages first: their search by words is the longer, and the query is embedded meanwhile. Twice as many
-    # as the results: those close together are one excerpt, so an excerpt holds more of what answers (R@10 on
-    # LoCoMo 0.80 to 0.82 without memories; bench.locomo).
-    excerpts = search.messages(chats, query, FOUND_PER_RESULT * limit, vector=vector)
     mine = (active_memories(agent.id).whereclause, heard)
-    memories = search.memories(agent.id, query, limit, *mine, vector=vector)
-    return _within_budget(_shown_once(_alternate(_with_sources(memories, chats), excerpts))[:limit])
+    # The memories first: each one's match counts toward the turns it came from in the ranking of messages.
+    found = search.memory_hits(agent.id, query, search.CANDIDATES, *mine, vector=vector)
+    sources = search.sources([i for i, _ in found], chats)
+    # Twice as many messages as the results: those close together are one excerpt, so an excerpt holds more of
+    # what answers (R@10 on LoCoMo 0.80 to 0.82 without memories; bench.locomo).
+    excerpts = search.messages(
+        chats, query, FOUND_PER_RESULT * limit, vector=vector, drawn_from=search.drawn_from(found, sources)
+    )
+    memories = search.loaded_memories(agent.id, [i for i, _ in found[:limit]], *mine)
+    return _within_budget(_shown_once(_placed(memories, sources, excerpts))[:limit])
 
 
 def conversations_of(agent: Agent, readable: sa.ColumnElement[bool]) -> sa.Select:
@@ -80,20 +84,44 @@ def conversations_of(agent: Agent, readable: sa.ColumnElement[bool]) -> sa.Selec
 
 @dataclass
 class _MemoryFound:
-    """A memory found, with the turns it came from (and those around them) that may be read here."""
+    """A memory found, with the turns it came from (and those around them) that may be read here: the excerpt
+    that holds them, or a few of its own."""
 
     memory: AgentMemory
     turns: list[Message]
 
 
-def _with_sources(memories: list[AgentMemory], chats: sa.Select) -> list[_MemoryFound]:
-    """The memories, each with its readable source turns in the chats `chats` selects and the turns around
-    them, oldest first (two queries)."""
-    sources = {m: ids[:SOURCES_SHOWN] for m, ids in search.sources([m.id for m in memories], chats).items()}
-    stretches = search.stretches([i for ids in sources.values() for i in ids])
+def _placed(
+    memories: list[AgentMemory], sources: dict[int, list[int]], excerpts: list[Excerpt]
+) -> list[_MemoryFound | Excerpt]:
+    """The excerpts, best first, each shown with the best memory drawn from its turns; by turns with them, the
+    memories that point at no turns (none readable here, or a whole chunk's: search.SOURCES_COUNTED), each with a
+    few of its own. A memory whose few turns are in no excerpt is left out: its match counted toward them, and
+    they ranked lower."""
+    placed: dict[int, _MemoryFound] = {}  # by excerpt index
+    alone = []
+    for memory in memories:
+        drawn = set(sources.get(memory.id, []))
+        if not drawn or len(drawn) > search.SOURCES_COUNTED:
+            alone.append(memory)
+            continue
+        at = next(
+            (n for n, e in enumerate(excerpts) if n not in placed and drawn & {t.id for t in e.turns}), None
+        )
+        if at is not None:
+            placed[at] = _MemoryFound(memory, excerpts[at].turns)
+    shown = [placed.get(n, excerpt) for n, excerpt in enumerate(excerpts)]
+    return _alternate(_with_sources(alone, sources), shown)
+
+
+def _with_sources(memories: list[AgentMemory], sources: dict[int, list[int]]) -> list[_MemoryFound]:
+    """The memories, each with a few of its source turns (SOURCES_SHOWN) and the turns around them, oldest
+    first (one query)."""
+    shown = {m.id: sources.get(m.id, [])[:SOURCES_SHOWN] for m in memories}
+    stretches = search.stretches([i for ids in shown.values() for i in ids])
     found = []
     for memory in memories:
-        turns = {t.id: t for i in sources.get(memory.id, []) for t in stretches.get(i, [])}
+        turns = {t.id: t for i in shown[memory.id] for t in stretches.get(i, [])}
         found.append(_MemoryFound(memory, sorted(turns.values(), key=lambda t: t.id)))
     return found
 
