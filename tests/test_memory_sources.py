@@ -176,8 +176,8 @@ def test_a_recall_hit_on_a_memory_brings_its_source_turns_once(app, acme, ana, a
 
     [hit, *others] = answer["results"]
     assert hit["memory_id"] == memory.id and hit["content"] == "Ana attended an LGBTQ support group."
-    assert f"] Ana: {said.content}" in hit["excerpt"]
-    assert f"[{said.created_at:%Y-%m-%d %H:%M}]" in hit["excerpt"]
+    assert f"{said.created_at:%H:%M}] Ana: {said.content}" in hit["excerpt"]
+    assert f"[{said.created_at:%Y-%m-%d}" in hit["excerpt"]
     assert hit["conversation_id"] == chat.public_id
     assert json.dumps(answer).count("it was moving") == 1  # not again in a message hit
 

@@ -2,10 +2,11 @@
 
 import json
 import re
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 import sqlalchemy as sa
+import time_machine
 
 from tests import factories
 from tests.querycount import count_queries
@@ -109,7 +110,23 @@ def test_a_message_found_comes_with_the_turns_around_it_dated_and_named(app, adm
         "Ada: Then the lake it is, at nine.",
         "dana: Unrelated: my sister visits on Sunday.",
     ]  # two turns before the first match, one after the last; the two matches are one excerpt
-    assert all(re.match(r"\[\d{4}-\d{2}-\d{2} \d{2}:\d{2}\] ", t) for t in turns)
+    assert re.match(r"\[\d{4}-\d{2}-\d{2} \d{2}:\d{2}\] ", turns[0])  # the date once, then each turn's time
+    assert all(re.match(r"\[\d{2}:\d{2}\] ", t) for t in turns[1:])
+
+
+def test_an_excerpt_dates_each_turn_of_a_new_day(app, admin, ada):
+    walks = factories.chat(admin.account, [ada], "Walks")
+    with time_machine.travel(datetime(2026, 5, 1, 21, 0), tick=False):
+        factories.message(walks, "Shall we walk to the lake?", author=admin)
+    with time_machine.travel(datetime(2026, 5, 2, 9, 30), tick=False):
+        factories.message(walks, "The lake, at ten.", author=ada)
+
+    [hit] = _recall(ada, walks, "lake")["results"]
+
+    assert hit["excerpt"].splitlines() == [
+        "[2026-05-01 21:00] dana: Shall we walk to the lake?",
+        "[2026-05-02 09:30] Ada: The lake, at ten.",
+    ]
 
 
 def test_recall_never_returns_another_agents_memory_or_a_foreign_conversation(
