@@ -50,10 +50,10 @@ def search_results(
     *,
     chat_id: int | None = None,
 ) -> tuple[list[dict[str, Any]], int]:
-    """Recall's search and result shape, for any audience: the agent's active memories that `heard` admits (a
-    condition on AgentMemory) and excerpts of the chats `chats` selects (ids), by turns, best first, within
-    the recall token budget; and how many matches did not fit. (The recall tool and the MCP server's
-    search_memory call this.)"""
+    """Recall's search and result shape, for any audience: excerpts of the chats `chats` selects (ids), each with
+    the best of the agent's active memories that `heard` admits (a condition on AgentMemory) drawn from its turns,
+    and by turns with them the memories that point at no turns, best first, within the recall token budget; and
+    how many matches did not fit. (The recall tool and the MCP server's search_memory call this.)"""
     limit = current_app.config["RECALL_MAX_RESULTS"]
     vector = search.query_vector(query, agent_id=agent.id, chat_id=chat_id)
     mine = (active_memories(agent.id).whereclause, heard)
