@@ -61,7 +61,6 @@ NOT_YET_SPLIT = {
     "jobs/consolidation.py",
     "jobs/replies.py",
     "prompting/build.py",
-    "search/__init__.py",
 }
 
 

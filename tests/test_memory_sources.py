@@ -195,10 +195,10 @@ def test_a_memorys_match_counts_toward_the_turn_it_came_from(app, acme, ana, ada
     _index(*memories, said, garden, *filler)
     chats = sa.select(Chat.id).where(Chat.id == chat.id)
     found = search.memory_hits(ada.id, "botanical garden", 10)
-    drawn_from = search.drawn_from(found, search.sources([m.id for m in memories], chats))
+    their_turns = search.drawn_from(found, search.sources([m.id for m in memories], chats))
 
     by_words = search.messages(chats, "botanical garden", 1)
-    with_memories = search.messages(chats, "botanical garden", 1, drawn_from=drawn_from)
+    with_memories = search.messages(chats, "botanical garden", 1, memories=their_turns)
 
     assert [e.found for e in by_words] == [[garden.id]]
     assert [e.found for e in with_memories] == [[said.id]]

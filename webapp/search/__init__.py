@@ -20,7 +20,7 @@ better with the memories' word and meaning lists given to their turns apart, or 
 import contextvars
 import functools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -33,13 +33,14 @@ from sqlalchemy.orm import joinedload, lazyload
 from webapp.extensions import db
 from webapp.models import Agent, AgentMemory, Chat, MemorySource, Message, User
 from webapp.search import embedder
+from webapp.search.fusion import SOURCES_COUNTED as SOURCES_COUNTED
+from webapp.search.fusion import Signal, fuse, fused
+from webapp.search.fusion import drawn_from as drawn_from
 from webapp.search.terms import Match, terms
 
 log = logging.getLogger(__name__)
 
 CANDIDATES = 50  # from each of the word and the vector search, before fusion
-DRAWN_FROM_WEIGHT = 1.0  # of the list of turns the memories found came from (drawn_from)
-SOURCES_COUNTED = 4  # a memory drawn from more turns (a whole chunk) points at none of them
 DENSE_WEIGHT = 1.0  # of the vector list's z-scores against the word list's
 MIN_SIMILARITY = 0.25  # a row found by meaning alone must be at least this close (cosine)
 RESCORED = 4  # candidates by sign bits per vector found, ranked again by their exact distance
@@ -169,33 +170,18 @@ def messages(
     k: int,
     *,
     vector: Future[np.ndarray | None] | None = None,
-    drawn_from: "Signal | None" = None,
+    memories: Signal | None = None,
 ) -> list[Excerpt]:
-    """Excerpts of the chats (a query of chat ids) around the readable messages that best match text, ranked
-    also by drawn_from when given (the turns of the memories found). The chats are read once, and both searches
-    are given their ids. Only the readable turns have vectors (webapp.search.indexing), so the vector search is
-    scoped by the chats alone."""
+    """Excerpts of the chats (a query of chat ids) around the readable messages that best match text, ranked also
+    by `memories` when given (the turns of the memories found: drawn_from). The chats are read once, and both
+    searches are given their ids. Only the readable turns have vectors (webapp.search.indexing), so the vector
+    search is scoped by the chats alone."""
     chat_ids = db.session.scalars(chats).all()
     if not chat_ids:
         return []
     dense = _dense_meanwhile("message", vector, chat_ids, admitted=None)
     lexical = _lexical(Message, text, (backend().among(Message.chat_id, chat_ids), *READABLE))
-    signals = _signals(lexical, dense())
-    if drawn_from is not None:
-        signals.append(drawn_from)
-    return excerpts(fuse(signals, k))
-
-
-def drawn_from(memories: list[tuple[int, float]], sources: dict[int, list[int]]) -> "Signal":
-    """The turns the memories found (id, fused score; memory_hits) came from (their `sources`), each scoring its
-    best memory's score: what makes a memory's match count toward its turns in `messages`. A memory drawn from
-    more than SOURCES_COUNTED turns gives them nothing."""
-    scores: dict[int, float] = {}
-    for memory_id, score in memories:
-        turns = sources.get(memory_id, [])
-        for turn in turns if len(turns) <= SOURCES_COUNTED else []:
-            scores[turn] = max(score, scores.get(turn, score))
-    return Signal(sorted(scores.items(), key=lambda hit: -hit[1]), DRAWN_FROM_WEIGHT)
+    return excerpts(fuse(_signals(lexical, dense()) + ([memories] if memories else []), k))
 
 
 def sources(memory_ids: list[int], chats: sa.Select) -> dict[int, list[int]]:
@@ -326,50 +312,9 @@ def nearest(
     return found
 
 
-@dataclass(frozen=True)
-class Signal:
-    """One ranked list of (id, score), higher is better, and its weight in the fused ranking. A row that this
-    list alone found counts only when it scores at least `alone_at_least` (a row found by meaning alone must be
-    MIN_SIMILARITY close). A new kind of evidence is one more Signal given to `fuse`."""
-
-    hits: list[tuple[int, float]]
-    weight: float = 1.0
-    alone_at_least: float = float("-inf")
-
-
-def fuse(signals: Sequence[Signal], k: int) -> list[int]:
-    """The k best ids of the signals' ranked lists (fused)."""
-    return [i for i, _ in fused(signals)[:k]]
-
-
-def fused(signals: Sequence[Signal]) -> list[tuple[int, float]]:
-    """(id, score) of every row of the signals' ranked lists, best first: each list's scores as z-scores times its
-    weight, a row missing from a list scoring that list's lowest."""
-    found = [{i for i, _ in signal.hits} for signal in signals]
-    combined: dict[int, float] = {}
-    ranked = []
-    for n, signal in enumerate(signals):
-        elsewhere = set().union(*(ids for m, ids in enumerate(found) if m != n))
-        kept = [(i, score) for i, score in signal.hits if score >= signal.alone_at_least or i in elsewhere]
-        z = _z_scores(kept)
-        ranked.append((signal.weight, z, min(z.values(), default=0.0)))
-        combined.update(dict.fromkeys(z, 0.0))
-    for i in combined:
-        combined[i] = sum(weight * z.get(i, floor) for weight, z, floor in ranked)
-    return sorted(combined.items(), key=lambda hit: -hit[1])
-
-
 def _signals(lexical: list[tuple[int, float]], dense: list[tuple[int, float]]) -> list[Signal]:
     """What a search ranks by: the words (BM25), and the meaning (cosine similarity), weighted DENSE_WEIGHT."""
     return [Signal(lexical), Signal(dense, DENSE_WEIGHT, alone_at_least=MIN_SIMILARITY)]
-
-
-def _z_scores(hits: list[tuple[int, float]]) -> dict[int, float]:
-    if not hits:
-        return {}
-    scores = np.array([s for _, s in hits], dtype=np.float64)
-    z = (scores - scores.mean()) / (scores.std() or 1.0)
-    return {i: float(score) for (i, _), score in zip(hits, z, strict=True)}
 
 
 def excerpts(found_ids: list[int]) -> list[Excerpt]:

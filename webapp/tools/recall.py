@@ -63,7 +63,7 @@ def search_results(
     # Twice as many messages as the results: those close together are one excerpt, so an excerpt holds more of
     # what answers (R@10 on LoCoMo 0.80 to 0.82 without memories; bench.locomo).
     excerpts = search.messages(
-        chats, query, FOUND_PER_RESULT * limit, vector=vector, drawn_from=search.drawn_from(found, sources)
+        chats, query, FOUND_PER_RESULT * limit, vector=vector, memories=search.drawn_from(found, sources)
     )
     memories = search.loaded_memories(agent.id, [i for i, _ in found[:limit]], *mine)
     return _within_budget(_shown_once(_placed(memories, sources, excerpts))[:limit])
