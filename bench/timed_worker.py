@@ -40,11 +40,11 @@ STEPS = [
     ("webapp.prompting.build", "_memory_section", "memory section"),
     ("webapp.prompting.build", "other_conversation_summaries", "other conversations"),
     ("webapp.prompting.build", "fit_to_budget", "fit to budget (tokens)"),
-    ("webapp.jobs.replies", "_tool_loop", "tool loop"),
+    ("webapp.jobs.replies", "stream_tool_loop", "tool loop"),
     ("webapp.jobs.replies", "record_sources", "record sources"),
     ("webapp.jobs.replies", "_after_success", "after success (enqueues)"),
     ("webapp.jobs.replies", "_retried_meanwhile", "close run"),
-    ("webapp.jobs.queue", "_finish_run", "after the run"),  # its counts, once finished_at is written
+    ("webapp.jobs.queue", "finish_run", "after the run"),  # its counts, once finished_at is written
     # Timed only between the steps above (outside any of them), so that none is counted twice.
     ("sqlalchemy.orm", "Session.commit", "commits between them"),
     ("webapp.events", "publish", "events published between them"),

@@ -10,12 +10,8 @@ import time_machine
 from tests import factories
 from tests.querycount import count_queries
 from webapp.extensions import db
-from webapp.jobs.consolidation import (
-    chunk_messages,
-    consolidate_chat,
-    consolidate_stale_chats,
-    stale_chats_query,
-)
+from webapp.jobs.consolidation import consolidate_chat, consolidate_stale_chats, stale_chats_query
+from webapp.jobs.extraction import chunk_messages
 from webapp.jobs.queue import enqueue, rq_queue
 from webapp.llm import LLMError
 from webapp.models import AgentMemory, AuditLog, Chat, ChatAgent, JobRun, LlmCall
@@ -423,7 +419,8 @@ def test_paused_agents_are_left_out(group_chat, ada, basil, fake_llm):
 
 
 def test_a_second_run_that_read_the_same_cursor_saves_nothing(group_chat, ada, fake_llm):
-    from webapp.jobs.consolidation import AgentOutcome, CursorMoved, Extracted, _save_chunk
+    from webapp.jobs.consolidation import AgentOutcome, CursorMoved, _save_chunk
+    from webapp.jobs.extraction import Extracted
 
     link_id = db.session.scalar(sa.select(ChatAgent.id).where(ChatAgent.agent_id == ada.id))
     through = max(m.id for m in group_chat_messages(group_chat))

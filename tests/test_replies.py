@@ -12,7 +12,8 @@ from tests import factories
 from tests.querycount import count_queries
 from webapp.extensions import db
 from webapp.jobs.queue import rq_queue, worker_queues
-from webapp.jobs.replies import DELTA_INTERVAL_SECONDS, ReplyFailed, request_replies, respond
+from webapp.jobs.replies import ReplyFailed, request_replies, respond
+from webapp.jobs.reply_stream import DELTA_INTERVAL_SECONDS
 from webapp.models import AgentMemory, AuditLog, JobRun, LlmCall, Message
 
 

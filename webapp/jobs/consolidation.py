@@ -26,15 +26,14 @@ from sqlalchemy.orm import joinedload
 from webapp import llm
 from webapp.extensions import db
 from webapp.jobs.concurrency import cancelled, map_in_threads
+from webapp.jobs.extraction import Extracted, chunk_messages, numbered_turns, parse_extraction
 from webapp.jobs.queue import backlog_time, enqueue, job_target, recorded_job
 from webapp.jobs.refinement import trigger_if_over_budget
 from webapp.llm import LLMError, targets
-from webapp.llm.jsonparse import parse_json_object
 from webapp.models import Agent, AgentMemory, Chat, ChatAgent, Message
 from webapp.models.access import memories_heard_in
 from webapp.models.audit import record_change
 from webapp.models.memories import (
-    MAX_CONTENT_CHARS,
     MEMORY_TYPES,
     active_memories,
     add_sources,
@@ -44,7 +43,6 @@ from webapp.models.memory_budget import memories_within
 from webapp.prompting import render
 from webapp.prompting.build import memory_budget
 from webapp.timeutil import utcnow
-from webapp.tokens import count_tokens
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +230,10 @@ def _consolidate_for_agent(link_id: int, through_id: int) -> AgentOutcome:
             outcome.error = error  # this agent's cursor stays after its last saved chunk
             log.warning("extraction failed for agent %s in chat %s: %s", agent_id, chat_id, error)
             return outcome
-        extracted = _parse_extraction(result.text, [message_id for message_id, _ in chunk], outcome)
+        extracted = parse_extraction(result.text, [message_id for message_id, _ in chunk])
+        if extracted is None:  # malformed output extracts nothing
+            outcome.malformed += 1
+            extracted = {kind: [] for kind in MEMORY_TYPES}
         try:
             _save_chunk(link_id, agent_id, chat_id, extracted, cursor, (chunk[0][0], chunk[-1][0]), outcome)
         except CursorMoved:
@@ -262,80 +263,6 @@ def _transcript_lines(chat_id: int, after_id: int, through_id: int) -> list[tupl
         .order_by(Message.id)
     )
     return [(m.id, f"[{m.author_name}]: {m.content}") for m in messages]
-
-
-def chunk_messages(lines: list[tuple[int, str]], target_tokens: int) -> list[list[tuple[int, str]]]:
-    """Split lines into chunks of about target_tokens (tiktoken), keeping each message whole."""
-    chunks: list[list[tuple[int, str]]] = []
-    current: list[tuple[int, str]] = []
-    used = 0
-    for line in lines:
-        tokens = count_tokens(line[1])
-        if current and used + tokens > target_tokens:
-            chunks.append(current)
-            current, used = [], 0
-        current.append(line)
-        used += tokens
-    if current:
-        chunks.append(current)
-    return chunks
-
-
-def numbered_turns(chunk: list[tuple[int, str]]) -> str:
-    """The chunk's turns as the extraction prompt shows them, each with its number ("[3] [Ana]: ...")."""
-    return "\n\n".join(f"[{number}] {text}" for number, (_, text) in enumerate(chunk, start=1))
-
-
-@dataclass
-class Extracted:
-    """A memory the model returned and the ids of the messages it came from."""
-
-    content: str
-    sources: list[int]
-    named: bool  # the model named its turns (else its sources are the whole chunk)
-
-
-def _parse_extraction(text: str, chunk_ids: list[int], outcome: AgentOutcome) -> dict[str, list[Extracted]]:
-    """{"journal": [...], "core": [...]} of usable memories; malformed output counts and extracts nothing. A
-    memory's sources are the turns it names that are in the chunk (by their numbers), or the whole chunk when
-    it names none of them."""
-    parsed = parse_json_object(text)
-    if parsed is None:
-        outcome.malformed += 1
-        return {"journal": [], "core": []}
-    return {kind: _usable(parsed.get(kind), chunk_ids) for kind in MEMORY_TYPES}
-
-
-def _usable(values: Any, chunk_ids: list[int]) -> list[Extracted]:
-    if not isinstance(values, list):
-        return []
-    usable = []
-    for value in values:
-        content, turns = (
-            (value.get("memory"), value.get("turns")) if isinstance(value, dict) else (value, None)
-        )
-        if not isinstance(content, str | int | float) or isinstance(content, bool):
-            continue
-        content = str(content).strip()
-        if 1 <= len(content) <= MAX_CONTENT_CHARS:
-            named = _named(turns, chunk_ids)
-            usable.append(Extracted(content, named or chunk_ids, bool(named)))
-    return usable
-
-
-def _named(turns: Any, chunk_ids: list[int]) -> list[int]:
-    """The ids of the chunk's turns among the numbers given (others are dropped), in order."""
-    numbers = turns if isinstance(turns, list) else [turns]
-    valid = {n for n in map(_turn_number, numbers) if n is not None and 1 <= n <= len(chunk_ids)}
-    return [chunk_ids[n - 1] for n in sorted(valid)]
-
-
-def _turn_number(value: Any) -> int | None:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().strip("[]").isdigit():
-        return int(value.strip().strip("[]"))
-    return None
 
 
 class CursorMoved(Exception):

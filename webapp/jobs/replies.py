@@ -1,18 +1,15 @@
-"""Agent replies: a tool loop against the agent's own model, streamed to the chat page as it is generated."""
+"""Agent replies: the job that answers a chat, each asked agent on its own model (the streamed loop: reply_stream)."""
 
 import logging
-import time
-from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
 from flask import current_app
-from redis.exceptions import RedisError
 from rq import get_current_job
 from rq.timeouts import JobTimeoutException
 from sqlalchemy.orm import joinedload
 
-from webapp import events, llm
+from webapp import events
 from webapp.extensions import db
 from webapp.jobs import embeddings, priority
 from webapp.jobs.followups import after_new_message
@@ -27,44 +24,26 @@ from webapp.jobs.queue import (
     target_ids,
     timed_out,
 )
-from webapp.jobs.refinement import trigger_if_over_budget
+from webapp.jobs.reply_stream import (
+    STOP_FLAG_SECONDS,
+    ReplyStopped,
+    stop_key,
+    stop_requested,
+    stream_tool_loop,
+)
 from webapp.llm import LLMError
-from webapp.llm.tool_loop import Transcript, run_tool_loop
 from webapp.models import Agent, Chat, JobRun, Message
 from webapp.models.runs import current_job_run_id
-from webapp.prompting.build import Prompt, build_prompt, fit_to_budget, record_sources
+from webapp.prompting.build import build_prompt
+from webapp.prompting.provenance import record_sources
 from webapp.timeutil import utcnow
-from webapp.tools import ToolContext, reply_tools, run_tool_call, schemas_for
-from webapp.tools import steps as tool_steps
 
 log = logging.getLogger(__name__)
 WAITING = ("pending", "streaming")
-STOP_FLAG_SECONDS = 1_800  # a Stop outlives any reply it could stop
-# Streamed text goes to the chat page at most this often: a model streaming token by token would otherwise send
-# an event per token, and every open page re-renders the reply's markdown for each. The first token goes at once;
-# text held back is sent with the next token past the interval, or shown by the reply's final event.
-DELTA_INTERVAL_SECONDS = 0.1
 
 
 class ReplyFailed(Exception):
     """Some replies of a job failed for good; each message already shows its own reason."""
-
-
-class ReplyStopped(Exception):
-    """The person pressed Stop while this reply was being generated."""
-
-
-def _stop_key(message_id: int) -> str:
-    return f"cairn:stop:{message_id}"
-
-
-def stop_requested(message_id: int) -> bool:
-    """Whether Stop was pressed; while Redis is unreachable (restarting), the reply goes on."""
-    try:
-        return bool(redis_connection().exists(_stop_key(message_id)))
-    except RedisError as error:
-        log.warning("Stop flag of message %s not readable, going on: %s", message_id, error)
-        return False
 
 
 def _target(message_ids: list[int]) -> str:
@@ -222,13 +201,13 @@ def generate_reply(message: Message) -> None:
         with priority.reply_building():
             _reread(message_id)  # as the commit left it, with its chat and agent, in one statement
             prompt = build_prompt(message.chat, message.agent, before_message_id=message_id)
-        text, prompt_tokens, completion_tokens = _tool_loop(message, prompt)
+        text, prompt_tokens, completion_tokens = stream_tool_loop(message, prompt)
         _reread(message_id)  # the tool loop commits before each model call
         if not text.strip():
             raise LLMError("The model kept calling tools and never wrote an answer.", retryable=False)
     except ReplyStopped as stop:
         stopped, text, prompt_tokens, completion_tokens = True, str(stop), 0, 0
-        redis_connection().delete(_stop_key(message.id))
+        redis_connection().delete(stop_key(message.id))
         if not text.strip():
             _unfinished(message, "Stopped before it said anything.", False)
             return
@@ -265,77 +244,6 @@ def _unfinished(message: Message, reason: str, will_retry: bool) -> None:
     """Show the reply as waiting for a retry, or as failed with its reason; streamed text is discarded."""
     message.status = "pending" if will_retry else "failed"
     message.error = reason
-    db.session.commit()
-    events.publish(message.chat_id, "final", message.id)
-
-
-def _tool_loop(message: Message, prompt: Prompt) -> tuple[str, int, int]:
-    """The agent's tool loop, streamed to the page; the last turn offers no tools.
-
-    Text written before a tool call is kept (it starts the reply), and each call shows on the page as a step,
-    then as a chip saying what it did (message.tools_used). Stop raises ReplyStopped with the text so far.
-    """
-    chat, agent = message.chat, message.agent
-    offered = reply_tools(agent)
-    context = ToolContext(agent=agent, chat=chat, message=message)
-    steps: list[dict[str, Any]] = []
-
-    def run_call(call: llm.ToolCall, transcript: Transcript) -> dict[str, Any]:
-        try:
-            arguments = call.parsed_arguments()
-        except ValueError:
-            arguments = {}
-        steps.append(tool_steps.running(call.name, arguments, chat))
-        _show_progress(message, transcript.text, steps)
-        outcome = run_tool_call(call, context, offered)
-        if outcome.result.get("saved"):  # save_memory added a memory: it may have gone over budget
-            trigger_if_over_budget(agent)
-        steps[-1] = tool_steps.finished(call.name, arguments, outcome.result, chat)
-        _show_progress(message, transcript.text, steps)
-        return outcome.result
-
-    transcript = run_tool_loop(
-        prompt.target,
-        prompt.messages,
-        purpose="reply",
-        tools=schemas_for(offered),
-        run_call=run_call,
-        max_turns=current_app.config["REPLY_MAX_TOOL_TURNS"],
-        agent_id=agent.id,
-        chat_id=chat.id,
-        tools_on_last_turn=False,
-        # tool results may have grown the prompt since the last call
-        before_turn=lambda messages, tools: fit_to_budget(prompt.target, messages, tools),
-        on_text=_relay(message),
-    )
-    return transcript.text, transcript.prompt_tokens, transcript.completion_tokens
-
-
-def _relay(message: Message) -> Callable[[str, Transcript], None]:
-    """Publish the streamed text to the chat page, at most every DELTA_INTERVAL_SECONDS, and look for a Stop as
-    often; on Stop, raise with the text written so far."""
-    unsent: list[str] = []
-    sent_at = float("-inf")
-    message_id, chat_id = message.id, message.chat_id  # read now: the tool loop's commits expire the message
-
-    def on_text(delta: str, transcript: Transcript) -> None:
-        nonlocal sent_at
-        unsent.append(delta)
-        now = time.monotonic()
-        if now - sent_at < DELTA_INTERVAL_SECONDS:
-            return
-        if stop_requested(message_id):
-            raise ReplyStopped(transcript.text)
-        events.publish(chat_id, "delta", message_id, "".join(unsent))
-        unsent.clear()
-        sent_at = now
-
-    return on_text
-
-
-def _show_progress(message: Message, text: str, steps: list[dict[str, Any]]) -> None:
-    """Store the text so far and the tool steps on the unfinished reply, and show them on the page."""
-    message.content, message.tools_used = text, [dict(s) for s in steps]
     db.session.commit()
     events.publish(message.chat_id, "final", message.id)
 
@@ -392,7 +300,7 @@ def retry_reply(message: Message) -> None:
     no job is writing it. A job that covers it and has not finished answers it (a reply stopped while it waited
     for its turn, say): never two jobs for one reply."""
     message.status, message.error, message.content, message.tools_used = "pending", None, "", None
-    redis_connection().delete(_stop_key(message.id))
+    redis_connection().delete(stop_key(message.id))
     # Write first: a job closing its run (_retried_meanwhile) then either sees this reply pending, or has
     # closed before this reads the runs (SQLite: one writer at a time; PostgreSQL: the run's row lock).
     db.session.flush()
@@ -402,6 +310,6 @@ def retry_reply(message: Message) -> None:
 
 def stop_reply(message: Message) -> None:
     """Stop a reply: a queued one is marked stopped now; one being generated stops at its next token."""
-    redis_connection().set(_stop_key(message.id), "1", ex=STOP_FLAG_SECONDS)
+    redis_connection().set(stop_key(message.id), "1", ex=STOP_FLAG_SECONDS)
     if message.status == "pending":
         message.status, message.error = "failed", "Stopped before it began."

@@ -1,4 +1,4 @@
-"""Prompts: templates/ (filled in by `render`), build.py (a reply's messages), window.py (a request's tokens).
+"""Prompts: templates/ (filled by `render`), build.py (a reply's messages), provenance.py (what it drew on), window.py.
 
 Templates are Jinja files with plain text out."""
 
