@@ -35,7 +35,7 @@ STEPS = [
     ("webapp.search.embedder", "embed", "query embedding (own thread)"),
     ("webapp.search.embedder", "record_call", "its ledger row"),
     ("webapp.search", "memory_ids", "fused search"),
-    ("webapp.search", "_lexical", "by words"),
+    ("webapp.search.signals.words", "_lexical", "by words"),
     ("webapp.prompting.build", "memories_within", "memories within budget"),
     ("webapp.prompting.build", "_memory_section", "memory section"),
     ("webapp.prompting.build", "other_conversation_summaries", "other conversations"),

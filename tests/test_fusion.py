@@ -1,8 +1,8 @@
 """Search fuses ranked lists it is given as signals (issue 34): each list's z-scores times its weight; a third kind
 of evidence is one more Signal, with no change to fuse."""
 
-from webapp.search import DENSE_WEIGHT, MIN_SIMILARITY
 from webapp.search.fusion import DRAWN_FROM_WEIGHT, SOURCES_COUNTED, Signal, drawn_from, fuse
+from webapp.search.signals.meaning import DENSE_WEIGHT, MIN_SIMILARITY
 
 
 def test_words_and_meaning_fuse_as_two_weighted_signals():

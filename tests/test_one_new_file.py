@@ -16,6 +16,7 @@ from webapp.extensions import db
 from webapp.jobs.runs import JOB_TYPES
 from webapp.llm import ToolCall
 from webapp.models import JobRun
+from webapp.search import signals
 from webapp.tools import steps
 
 WEATHER = """
@@ -48,12 +49,18 @@ def sweep() -> dict[str, int]:
 '''
 
 NEWER_FIRST = '''
-from webapp.search import Signal
+import sqlalchemy as sa
+
+from webapp.extensions import db
+from webapp.search.signals import Evidence
 
 
-def newer_first(ids: list[int]) -> Signal:
-    """Evidence that exists only for this test: the newer a row (the larger its id), the better."""
-    return Signal([(i, float(i)) for i in ids])
+def _newer_first(query):
+    """Evidence that exists only for this test: the newer a row within the search's scope, the better."""
+    return lambda: [(i, float(i)) for i in db.session.scalars(sa.select(query.model.id).where(*query.scope))]
+
+
+EVIDENCE = Evidence("throwaway_newer_first", _newer_first, weight=3.0)
 '''
 
 
@@ -130,13 +137,20 @@ def test_a_new_job_kind_is_one_new_file(tmp_path, client, signed_in):
     assert "<strong>Sweep the yard</strong>" in page  # its run, labelled
 
 
-def test_a_new_search_signal_is_one_new_file(tmp_path):
-    words = search.Signal([(1, 3.0), (2, 2.9), (3, 1.0)])
-    meaning = search.Signal([(1, 0.8), (2, 0.79), (3, 0.5)])
-    with module_in(search, tmp_path / "search", "throwaway_newer_first", NEWER_FIRST) as name:
-        newer_first = importlib.import_module(name).newer_first
+def test_a_new_search_signal_is_one_new_file(tmp_path, admin):
+    ada = factories.agent(admin.account, "Ada")
+    older = factories.memory(ada, "The greenhouse key hangs by the door.")
+    newer = factories.memory(ada, "A key to the shed.")
+    before = search.memory_ids(ada.id, "greenhouse key", 5)
+    try:
+        with module_in(signals, tmp_path / "signals", "throwaway_newer_first", NEWER_FIRST):
+            signals.discover()
+            listed = [evidence.name for evidence in signals.REGISTRY]
+            found = search.memory_ids(ada.id, "greenhouse key", 5)
+    finally:
+        signals.discover()
 
-        fused = search.fuse([words, meaning, newer_first([1, 2, 3])], 3)
-
-    assert search.fuse([words, meaning], 3) == [1, 2, 3]
-    assert fused == [2, 1, 3]  # the third signal counts, with no change to fuse
+    assert before == [older.id, newer.id]  # by words: the older memory holds both
+    assert listed == ["words", "meaning", "throwaway_newer_first"]  # after the two it always had
+    assert found == [newer.id, older.id]  # the new signal counts in a real search, with no change to it
+    assert [evidence.name for evidence in signals.REGISTRY] == ["words", "meaning"]  # gone with its file

@@ -1,10 +1,11 @@
 """One search over an agent's past: its memories and the messages of its conversations.
 
-`recall`, the prompt's memory selection and the ledger's search box all come here. A search ranks by words
-(BM25 in each database: webapp.search.sqlite, webapp.search.postgres) and, when vectors are there, by meaning
-(the query's embedding against the stored ones), and fuses the two lists (fuse). A message found comes back
-with the turns around it (excerpts), as answers are often split across turns. Which is best was measured on
-LoCoMo with bench/locomo.py; the weights live here and nowhere else.
+`recall`, the prompt's memory selection and the ledger's search box all come here. A search ranks by every kind
+of evidence in webapp.search.signals, one module each: words (BM25 in each database: webapp.search.sqlite,
+webapp.search.postgres) and, when vectors are there, meaning (the query's embedding against the stored ones);
+and fuses their lists (fuse). A message found comes back with the turns around it (excerpts), as answers are
+often split across turns. Which is best was measured on LoCoMo with bench/locomo.py; each kind's weight lives in
+its module, and how they are fused here and in webapp.search.fusion.
 
 The scope of a search is a set of SQL conditions on the searched table, applied inside both the word and the
 vector query, so a top-k is never filled with rows that are then dropped.
@@ -20,10 +21,8 @@ better with the memories' word and meaning lists given to their turns apart, or 
 import contextvars
 import functools
 import logging
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from types import ModuleType
 
 import numpy as np
 import sqlalchemy as sa
@@ -32,18 +31,17 @@ from sqlalchemy.orm import joinedload, lazyload
 
 from webapp.extensions import db
 from webapp.models import Agent, AgentMemory, Chat, MemorySource, Message, User
-from webapp.search import embedder
+from webapp.search import embedder, signals
+from webapp.search.databases import backend as backend
 from webapp.search.fusion import SOURCES_COUNTED as SOURCES_COUNTED
 from webapp.search.fusion import Signal, fuse, fused
 from webapp.search.fusion import drawn_from as drawn_from
+from webapp.search.signals.meaning import nearest as nearest
 from webapp.search.terms import Match, terms
 
 log = logging.getLogger(__name__)
 
-CANDIDATES = 50  # from each of the word and the vector search, before fusion
-DENSE_WEIGHT = 1.0  # of the vector list's z-scores against the word list's
-MIN_SIMILARITY = 0.25  # a row found by meaning alone must be at least this close (cosine)
-RESCORED = 4  # candidates by sign bits per vector found, ranked again by their exact distance
+CANDIDATES = 50  # from each kind of evidence (webapp.search.signals), before fusion
 TURNS_BEFORE, TURNS_AFTER = 2, 1  # shown around a message found
 READABLE_ROLES = ("user", "assistant")
 READABLE = (Message.status == "done", Message.role.in_(READABLE_ROLES))  # the turns a search may show
@@ -56,13 +54,6 @@ class Excerpt:
     chat: Chat
     turns: list[Message]
     found: list[int] = field(default_factory=list)  # ids of the turns that matched, best first
-
-
-def backend() -> ModuleType:
-    """The search module of the database in use."""
-    from webapp.search import postgres, sqlite
-
-    return sqlite if db.engine.dialect.name == "sqlite" else postgres
 
 
 def ranked(model: type, text: str, match: Match, *scope: sa.ColumnElement[bool]) -> sa.Subquery | None:
@@ -159,9 +150,8 @@ def memory_hits(
 ) -> list[tuple[int, float]]:
     """`memory_ids` with their fused scores (for drawn_from)."""
     scope = (AgentMemory.agent_id == agent_id, *scope)
-    admitted = sa.select(AgentMemory.id).where(*scope)
-    dense = _dense_meanwhile("memory", vector, [agent_id], admitted, meanwhile=meanwhile)
-    return fused(_signals(_lexical(AgentMemory, text, scope), dense()))[:k]
+    query = signals.Query(AgentMemory, text, scope, [agent_id], vector, CANDIDATES, meanwhile)
+    return fused(_signals(query))[:k]
 
 
 def messages(
@@ -179,9 +169,16 @@ def messages(
     chat_ids = db.session.scalars(chats).all()
     if not chat_ids:
         return []
-    dense = _dense_meanwhile("message", vector, chat_ids, admitted=None)
-    lexical = _lexical(Message, text, (backend().among(Message.chat_id, chat_ids), *READABLE))
-    return excerpts(fuse(_signals(lexical, dense()) + ([memories] if memories else []), k))
+    scope = (backend().among(Message.chat_id, chat_ids), *READABLE)
+    query = signals.Query(Message, text, scope, chat_ids, vector, CANDIDATES)
+    return excerpts(fuse(_signals(query) + ([memories] if memories else []), k))
+
+
+def _signals(query: signals.Query) -> list[Signal]:
+    """The ranked list of every kind of evidence (webapp.search.signals), in its order: each search started before
+    any is read, so the meaning's may run on a thread of its own meanwhile."""
+    started = [(evidence, evidence.search(query)) for evidence in signals.REGISTRY]
+    return [Signal(hits(), evidence.weight, evidence.alone_at_least) for evidence, hits in started]
 
 
 def sources(memory_ids: list[int], chats: sa.Select) -> dict[int, list[int]]:
@@ -216,105 +213,6 @@ def source_turns(memory_ids: list[int], chats: sa.Select) -> dict[int, list[Mess
         )
     }
     return {memory_id: [turns[i] for i in ids] for memory_id, ids in found.items()}
-
-
-def _lexical(model: type, text: str, scope: tuple) -> list[tuple[int, float]]:
-    """(id, score) of the best word matches, best first (the score is BM25: higher is better)."""
-    words = terms(text)
-    if not words:
-        return []
-    # Ordered as it is selected: wrapped in a subquery, SQLite computes bm25() twice for every match.
-    hits = backend().lexical(model, words, Match.ANY_WORD, scope)
-    rows = db.session.execute(hits.order_by(sa.literal_column("rank")).limit(CANDIDATES))
-    return [(row.id, -row.rank) for row in rows]
-
-
-def _dense_meanwhile(
-    kind: str,
-    vector: Future[np.ndarray | None] | None,
-    owners: list[int],
-    admitted: sa.Select | None,
-    *,
-    meanwhile: bool = True,
-) -> Callable[[], list[tuple[int, float]]]:
-    """What gives _dense's rows for the query's vector once embedded (none without one). While the database pool
-    has a connection to spare, they are searched on a thread and a connection of their own as the caller searches
-    by words (on PostgreSQL the two took 16 and 22 ms of a recall; bench.recall), and so read what is committed.
-    Otherwise (a process with one connection, SQLite under gevent; a busy pool) on the caller's, once asked for:
-    a search asks for a second connection only when the pool has one free. With meanwhile=False, on the caller's
-    connection in any case."""
-    app = current_app._get_current_object()  # type: ignore[attr-defined]
-    if vector is None:
-        return list
-    if not meanwhile or not _connection_to_spare():
-        return functools.partial(_dense_of, None, kind, vector, owners, admitted)
-    return _dense_threads.submit(_dense_of, app, kind, vector, owners, admitted).result
-
-
-def _connection_to_spare() -> bool:
-    pool = db.engine.pool
-    return isinstance(pool, sa.pool.QueuePool) and pool.checkedout() < pool.size()
-
-
-_dense_threads = ThreadPoolExecutor(max_workers=8, thread_name_prefix="vector-search")
-
-
-def _dense_of(
-    app: Flask | None,
-    kind: str,
-    vector: Future[np.ndarray | None],
-    owners: list[int],
-    admitted: sa.Select | None,
-) -> list[tuple[int, float]]:
-    """_dense once the vector is there; in an app context (and so a session) of its own when given the app."""
-    embedding = vector.result()
-    if embedding is None:
-        return []
-    if app is None:
-        return _dense(kind, embedding, owners, admitted)
-    with app.app_context():
-        return _dense(kind, embedding, owners, admitted)
-
-
-def _dense(
-    kind: str, vector: np.ndarray, owners: list[int], admitted: sa.Select | None
-) -> list[tuple[int, float]]:
-    """(id, cosine similarity) of the rows nearest to the vector among the owners' (ids of agents or chats;
-    and, if given, among the `admitted` ids), nearest first."""
-    return [(i, 1.0 - distance) for i, distance in nearest(kind, vector, owners, admitted, CANDIDATES)]
-
-
-def nearest(
-    kind: str, vector: np.ndarray, owners: list[int], admitted: sa.Select | None, k: int
-) -> list[tuple[int, float]]:
-    """(id, cosine distance) of the k vectors ("memory" or "message") of the configured embedder nearest to
-    `vector` among the owners' whose ids `admitted` (a query of ids; None: all) holds, nearest first.
-
-    The nearest RESCORED * k by their sign bits among the owners' are ranked by their exact distance, those
-    admitted only, in one statement. Most of an agent's rows are admitted anywhere; when fewer than k of those
-    candidates are, and they were all RESCORED * k (or none was admitted), the nearest by bits among the
-    admitted are taken instead: a longer search, as it reads the scope of every row (an agent's 10,000
-    memories: 7 ms against 2 on SQLite, 15 against 5 on PostgreSQL; bench.prompt_memory)."""
-    # The vectors of the model that embedded the query (its account's searched one; embedder.embed).
-    database, model, n = backend(), embedder.model_of(vector), RESCORED * k
-    # One statement: the candidates are a CTE, read once whatever refers to them.
-    candidates = database.by_bits(kind, model, vector, owners, None, n).cte("candidates")
-    keys = sa.select(candidates.c[0])
-    checked = admitted
-    if admitted is not None:
-        # The scope checked by the candidates' keys: given the scope's query alone, PostgreSQL read all of an
-        # agent's memories to check 200 (6 ms).
-        checked = admitted.where(database.in_query(admitted.selected_columns[0], keys))
-    found, count = database.by_distance(kind, model, vector, keys, checked, k)
-    if admitted is not None and len(found) < k and count in (None, n):
-        candidates = database.by_bits(kind, model, vector, owners, admitted, n).cte("candidates")
-        found, _count = database.by_distance(kind, model, vector, sa.select(candidates.c[0]), None, k)
-    return found
-
-
-def _signals(lexical: list[tuple[int, float]], dense: list[tuple[int, float]]) -> list[Signal]:
-    """What a search ranks by: the words (BM25), and the meaning (cosine similarity), weighted DENSE_WEIGHT."""
-    return [Signal(lexical), Signal(dense, DENSE_WEIGHT, alone_at_least=MIN_SIMILARITY)]
 
 
 def excerpts(found_ids: list[int]) -> list[Excerpt]:

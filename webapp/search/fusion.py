@@ -14,7 +14,7 @@ SOURCES_COUNTED = 4  # a memory drawn from more turns (a whole chunk) points at 
 class Signal:
     """One ranked list of (id, score), higher is better, and its weight in the fused ranking. A row that this
     list alone found counts only when it scores at least `alone_at_least` (a row found by meaning alone must be
-    MIN_SIMILARITY close). A new kind of evidence is one more Signal given to `fuse`."""
+    MIN_SIMILARITY close). A new kind of evidence is one more module of webapp.search.signals."""
 
     hits: list[tuple[int, float]]
     weight: float = 1.0
