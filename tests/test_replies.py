@@ -496,16 +496,17 @@ def test_a_reply_stopped_at_its_time_limit_fails_with_a_working_retry(
 ):
     from webapp.jobs import queue
 
-    # A limit of 2 seconds (one turn of a 2-second model timeout, no margin); the model then goes silent.
+    # A limit of 5 seconds (one turn of a 5-second model timeout, no margin), well past what building the prompt
+    # takes on a busy host; the model then goes silent.
     monkeypatch.setattr(queue, "JOB_MARGIN_SECONDS", 0)
-    app.config.update(LLM_TIMEOUT_SECONDS=2, REPLY_MAX_TOOL_TURNS=1)
+    app.config.update(LLM_TIMEOUT_SECONDS=5, REPLY_MAX_TOOL_TURNS=1)
     [reply] = _pending(chat, ada)
     [job] = rq_queue("replies").get_jobs()
-    fake_llm.hang("Let me think", seconds=10)
+    fake_llm.hang("Let me think", seconds=12)
 
     SimpleWorker(worker_queues(), connection=app.extensions["redis"]).work(burst=True)
 
-    timed_out = "Timed out: the job ran past its time limit of 2 seconds and was stopped."
+    timed_out = "Timed out: the job ran past its time limit of 5 seconds and was stopped."
     assert (_fresh(reply).status, _fresh(reply).error) == ("failed", f"{timed_out} Retry to ask again.")
     [run] = db.session.scalars(sa.select(JobRun).where(JobRun.job_type == "reply")).all()
     assert (run.status, run.error) == ("failed", timed_out)
