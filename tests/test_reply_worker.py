@@ -146,21 +146,22 @@ def test_a_second_signal_stops_the_worker_at_once_and_its_reply_is_picked_up_aga
     start_worker(threads=1)  # its sweep finds the cut run once its lock lapses, and queues the reply again
     wait_for(lambda: _fresh(reply).status == "done", 60, "the reply to be picked up again")
     assert _fresh(reply).content == "Here after all."
-    # The reply commits its text before its run records itself done (and the commit also queues its embedding).
+    # The reply commits its text before its run records itself done (and then queues its embedding).
     wait_for(lambda: _reply_runs() == ["interrupted", "done"], 10, "the second run to be recorded done")
 
 
 def test_a_reply_on_a_worker_thread_is_stopped_at_its_time_limit(app, fake_llm, admin, monkeypatch):
     from webapp.jobs import queue
 
-    # A limit of 2 seconds (one turn of a 2-second model timeout, no margin); the model then goes silent.
+    # A limit of 5 seconds (one turn of a 5-second model timeout, no margin), well past what building the prompt
+    # takes on a busy host; the model then goes silent.
     monkeypatch.setattr(queue, "JOB_MARGIN_SECONDS", 0)
-    app.config.update(LLM_TIMEOUT_SECONDS=2, REPLY_MAX_TOOL_TURNS=1)
+    app.config.update(LLM_TIMEOUT_SECONDS=5, REPLY_MAX_TOOL_TURNS=1)
     ada = factories.agent(admin.account, "Ada")
     [reply] = request_replies(factories.chat(admin.account, [ada]), [ada])
     db.session.commit()
     [job] = rq_queue("replies").get_jobs()
-    fake_llm.hang("Let me think", seconds=10)
+    fake_llm.hang("Let me think", seconds=12)
     monkeypatch.setattr(worker.AppWorker, "app", app, raising=False)
     monkeypatch.setattr(worker.AppWorker, "stop", threading.Event(), raising=False)
 
@@ -171,7 +172,7 @@ def test_a_reply_on_a_worker_thread_is_stopped_at_its_time_limit(app, fake_llm, 
     thread.join(30)
 
     assert not thread.is_alive()
-    timed_out = "Timed out: the job ran past its time limit of 2 seconds and was stopped."
+    timed_out = "Timed out: the job ran past its time limit of 5 seconds and was stopped."
     assert (_fresh(reply).status, _fresh(reply).error) == ("failed", f"{timed_out} Retry to ask again.")
     job.refresh()
     assert job.get_status() == JobStatus.FAILED
