@@ -136,7 +136,7 @@ def memory_ids(
 ) -> list[int]:
     """The ids of `memories`, read from the indexes alone (the prompt reads the memories it lists itself). With
     meanwhile=False the search by meaning runs after the words, on the caller's connection, not beside them
-    (see _dense_meanwhile): for a search by words shorter than the query's embedding, which it waits for anyway."""
+    (see signals.meaning): for a search by words shorter than the query's embedding, which it waits for anyway."""
     return [i for i, _ in memory_hits(agent_id, text, k, *scope, vector=vector, meanwhile=meanwhile)]
 
 
