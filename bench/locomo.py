@@ -313,7 +313,7 @@ def _print(scores: dict) -> None:
             r5 = sum(r[0][0] for r in rows) / len(rows)
             r10 = sum(r[1][0] for r in rows) / len(rows)
             hit10 = sum(r[1][1] for r in rows) / len(rows)
-            print(f"{name:<8} | {group:<11} | {len(rows):>4} | {r5:>5.2f} | {r10:>5.2f} | {hit10:>6.2f}")
+            print(f"{name:<8} | {group:<11} | {len(rows):>4} | {r5:>5.3f} | {r10:>5.3f} | {hit10:>6.3f}")
 
 
 if __name__ == "__main__":

@@ -31,10 +31,10 @@ from sqlalchemy.orm import joinedload, lazyload
 
 from webapp.extensions import db
 from webapp.models import Agent, AgentMemory, Chat, MemorySource, Message, User
-from webapp.search import embedder, signals
+from webapp.search import embedder, mentions, signals
 from webapp.search.databases import backend as backend
 from webapp.search.fusion import SOURCES_COUNTED as SOURCES_COUNTED
-from webapp.search.fusion import Signal, fuse, fused
+from webapp.search.fusion import Signal, fused
 from webapp.search.fusion import drawn_from as drawn_from
 from webapp.search.signals.meaning import nearest as nearest
 from webapp.search.terms import Match, terms
@@ -151,7 +151,7 @@ def memory_hits(
     """`memory_ids` with their fused scores (for drawn_from)."""
     scope = (AgentMemory.agent_id == agent_id, *scope)
     query = signals.Query(AgentMemory, text, scope, [agent_id], vector, CANDIDATES, meanwhile)
-    return fused(_signals(query))[:k]
+    return mentions.favoured(AgentMemory, text, fused(_signals(query)))[:k]
 
 
 def messages(
@@ -171,7 +171,8 @@ def messages(
         return []
     scope = (backend().among(Message.chat_id, chat_ids), *READABLE)
     query = signals.Query(Message, text, scope, chat_ids, vector, CANDIDATES)
-    return excerpts(fuse(_signals(query) + ([memories] if memories else []), k))
+    found = fused(_signals(query) + ([memories] if memories else []))
+    return excerpts([i for i, _ in mentions.favoured(Message, text, found)[:k]])
 
 
 def _signals(query: signals.Query) -> list[Signal]:
