@@ -136,10 +136,12 @@ def memory_ids(
     vector: Future[np.ndarray | None] | None = None,
     meanwhile: bool = True,
 ) -> list[int]:
-    """The ids of `memories`, read from the indexes alone (the prompt reads the memories it lists itself). With
-    meanwhile=False the search by meaning runs after the words, on the caller's connection, not beside them
-    (see signals.meaning): for a search by words shorter than the query's embedding, which it waits for anyway."""
-    return [i for i, _ in memory_hits(agent_id, text, k, *scope, vector=vector, meanwhile=meanwhile)]
+    """The ids of `memories`, read from the indexes alone (the prompt reads the memories it lists itself), by
+    words and meaning only: a conversation's "today" asks for nothing made today, so what a query names
+    (webapp.search.mentions) counts in an asked search (memory_hits) alone. With meanwhile=False the search by
+    meaning runs after the words, on the caller's connection, not beside them (see signals.meaning): for a
+    search by words shorter than the query's embedding, which it waits for anyway."""
+    return [i for i, _ in _memory_fused(agent_id, text, scope, vector, meanwhile)[:k]]
 
 
 def memory_hits(
@@ -148,12 +150,22 @@ def memory_hits(
     k: int,
     *scope: sa.ColumnElement[bool],
     vector: Future[np.ndarray | None] | None = None,
-    meanwhile: bool = True,
 ) -> list[tuple[int, float]]:
-    """`memory_ids` with their fused scores (for drawn_from)."""
+    """The memories an asked search finds (recall's), with their fused scores (for drawn_from): `memory_ids`,
+    and those made on a date the query names first (webapp.search.mentions)."""
+    return mentions.favoured(AgentMemory, text, _memory_fused(agent_id, text, scope, vector, True))[:k]
+
+
+def _memory_fused(
+    agent_id: int,
+    text: str,
+    scope: tuple[sa.ColumnElement[bool], ...],
+    vector: Future[np.ndarray | None] | None,
+    meanwhile: bool,
+) -> list[tuple[int, float]]:
     scope = (AgentMemory.agent_id == agent_id, *scope)
     query = signals.Query(AgentMemory, text, scope, [agent_id], vector, CANDIDATES, meanwhile)
-    return mentions.favoured(AgentMemory, text, fused(_signals(query)))[:k]
+    return fused(_signals(query))
 
 
 def messages(

@@ -2,7 +2,8 @@
 and the people or agents who wrote in the searched chats ("What did Caroline say about…"). Among the rows a
 search found (fused), those made on the date named come first (DATE_BONUS), and the messages of whoever is named
 rank higher (AUTHOR_BONUS): the words of a name match the turns that speak *to* that person at least as well as
-those they wrote, and a date is in no turn's words at all.
+those they wrote, and a date is in no turn's words at all. A memory's date is when it was made. Asked searches
+only (recall, MCP's search_memory): the prompt's search by the conversation's words leaves them out.
 
 Measured on LoCoMo's dev conversations (bench.locomo, recall's top 10; issue 33), R@10 with observations as
 memories 0.852 -> 0.862 with the author's bonus (1.0; 0.5: 0.856, 1.5: 0.860), 0.880 with the date's (5 on
@@ -23,10 +24,10 @@ from webapp.models import Agent, AgentMemory, Message, User
 from webapp.search.terms import terms
 from webapp.timeutil import utcnow
 
-DATE_BONUS = (
-    5.0  # in fused score (a sum of z-scores): the rows of the date named come before the others found
-)
-AUTHOR_BONUS = 1.0  # the messages written by someone the query names
+# Added to a fused score (a sum of z-scores): the rows of the date named come before the others found, and the
+# messages written by someone the query names rank higher.
+DATE_BONUS = 5.0
+AUTHOR_BONUS = 1.0
 
 Ranked = list[tuple[int, float]]  # (id, fused score), best first
 Period = tuple[datetime, datetime]  # [start, end)
