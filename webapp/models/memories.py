@@ -205,7 +205,7 @@ def add_sources(memory: AgentMemory, message_ids: Sequence[int]) -> None:
     """Record the messages a new memory came from (flushing it for its id); none is nothing to record."""
     if not message_ids:
         return
-    db.session.flush([memory])
+    db.session.flush()  # for its id (flushing one object alone is deprecated)
     db.session.add_all(MemorySource(memory_id=memory.id, message_id=i) for i in dict.fromkeys(message_ids))
 
 
