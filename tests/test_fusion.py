@@ -1,8 +1,13 @@
 """Search fuses ranked lists it is given as signals (issue 34): each list's z-scores times its weight; a third kind
-of evidence is one more Signal, with no change to fuse."""
+of evidence is one more Signal, with no change to fused."""
 
-from webapp.search.fusion import DRAWN_FROM_WEIGHT, SOURCES_COUNTED, Signal, drawn_from, fuse
+from webapp.search.fusion import DRAWN_FROM_WEIGHT, SOURCES_COUNTED, Signal, drawn_from, fused
 from webapp.search.signals.meaning import DENSE_WEIGHT, MIN_SIMILARITY
+
+
+def fuse(signals: list[Signal], k: int) -> list[int]:
+    """The k best ids of the fused ranking."""
+    return [i for i, _ in fused(signals)[:k]]
 
 
 def test_words_and_meaning_fuse_as_two_weighted_signals():

@@ -3,7 +3,7 @@
 `recall`, the prompt's memory selection and the ledger's search box all come here. A search ranks by every kind
 of evidence in webapp.search.signals, one module each: words (BM25 in each database: webapp.search.sqlite,
 webapp.search.postgres) and, when vectors are there, meaning (the query's embedding against the stored ones);
-and fuses their lists (fuse). A message found comes back with the turns around it (excerpts), as answers are
+and fuses their lists (fused). A message found comes back with the turns around it (excerpts), as answers are
 often split across turns. Which is best was measured on LoCoMo with bench/locomo.py; each kind's weight lives in
 its module, and how they are fused here and in webapp.search.fusion.
 

@@ -1,4 +1,4 @@
-"""How ranked lists are fused into one (fuse), and the list the memories found give the turns they came from
+"""How ranked lists are fused into one (fused), and the list the memories found give the turns they came from
 (drawn_from, measured in webapp.search's notes)."""
 
 from collections.abc import Sequence
@@ -19,11 +19,6 @@ class Signal:
     hits: list[tuple[int, float]]
     weight: float = 1.0
     alone_at_least: float = float("-inf")
-
-
-def fuse(signals: Sequence[Signal], k: int) -> list[int]:
-    """The k best ids of the signals' ranked lists (fused)."""
-    return [i for i, _ in fused(signals)[:k]]
 
 
 def fused(signals: Sequence[Signal]) -> list[tuple[int, float]]:

@@ -21,6 +21,7 @@ import sqlalchemy as sa
 
 from webapp.extensions import db
 from webapp.models import Agent, AgentMemory, Message, User
+from webapp.search.signals import Hits
 from webapp.search.terms import terms
 from webapp.timeutil import utcnow
 
@@ -29,7 +30,6 @@ from webapp.timeutil import utcnow
 DATE_BONUS = 5.0
 AUTHOR_BONUS = 1.0
 
-Ranked = list[tuple[int, float]]  # (id, fused score), best first
 Period = tuple[datetime, datetime]  # [start, end)
 
 MONTHS = "january february march april may june july august september october november december".split()
@@ -67,19 +67,20 @@ def period_named(text: str, today: date | None = None) -> Period | None:
     return None
 
 
-def favoured(model: type, text: str, ranked: Ranked) -> Ranked:
+def favoured(model: type, text: str, ranked: Hits) -> Hits:
     """The rows found (AgentMemory or Message ids, with their fused scores), best first again once those made on
     the date the text names, and the messages written by someone it names, have their bonus."""
-    period = period_named(text)
-    if not ranked or (period is None and model is AgentMemory):
-        return ranked
-    bonus = (_memory_bonus if model is AgentMemory else _message_bonus)([i for i, _ in ranked], text, period)
+    period, ids = period_named(text), [i for i, _ in ranked]
+    if model is AgentMemory:
+        bonus = _memory_bonus(ids, period) if period and ids else {}
+    else:
+        bonus = _message_bonus(ids, text, period) if ids else {}
     if not bonus:
         return ranked
     return sorted(((i, score + bonus.get(i, 0.0)) for i, score in ranked), key=lambda hit: -hit[1])
 
 
-def _memory_bonus(ids: list[int], _text: str, period: Period) -> dict[int, float]:
+def _memory_bonus(ids: list[int], period: Period) -> dict[int, float]:
     made = sa.select(AgentMemory.id).where(
         AgentMemory.id.in_(ids), AgentMemory.created_at >= period[0], AgentMemory.created_at < period[1]
     )
