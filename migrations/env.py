@@ -46,8 +46,8 @@ target_db = current_app.extensions["migrate"].db
 def include_object(obj, name, type_, reflected, compare_to):
     """Full-text search lives outside the models (SQLite FTS5 tables, PostgreSQL tsvector columns and their
     GIN indexes): migrations make it by hand, so autogenerate neither adds nor drops it. The vector tables
-    (memory_vectors, message_vectors, and sqlite-vec's own tables behind them) are made by webapp.search at
-    first use, with the dimensions of the embedding model."""
+    (memory_vectors, message_vectors) are made by hand too: on SQLite by the migration e2a4c6e8f0b2, on
+    PostgreSQL by webapp.search at first use (they need pgvector)."""
     searched = ("_fts", "search_vector", "memory_vectors", "message_vectors")
     return not (name and any(part in name for part in searched))
 

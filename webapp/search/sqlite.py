@@ -5,13 +5,13 @@ by the migration 680a29028759), ranked by FTS5's own bm25() (Porter stemming, so
 rows hold each word is read from their fts5vocab tables (`*_fts_vocab`), to leave the very common words out
 (webapp.search.terms.informative).
 
-Vectors: the tables `memory_vectors` and `message_vectors`, made here at first use: each row holds the vector
-(float32), its sign bits (sqlite-vec's vec_quantize_binary) and the model that wrote it, under a covering index
-of (owner, model, bits, id). A search reads the owner's range of that index (an agent's memories, the messages
-of its chats), takes the nearest by Hamming distance, and ranks those by their exact cosine distance. Measured
-(bench.recall, 200,000 vectors, a scope of 20,000): 8 ms, where sqlite-vec's own vec0 table, which compares
-every vector of a table (or of each partition) took 216 ms whole, 355 ms partitioned by chat, and 57 ms over a
-plain scan of the float vectors. They need the sqlite-vec extension loaded on each connection
+Vectors: the tables `memory_vectors` and `message_vectors` (made by the migration e2a4c6e8f0b2): each row holds
+the vector (float32), its sign bits (sqlite-vec's vec_quantize_binary) and the model that wrote it, under a
+covering index of (owner, model, bits, id). A search reads the owner's range of that index (an agent's memories,
+the messages of its chats), takes the nearest by Hamming distance, and ranks those by their exact cosine distance.
+Measured (bench.recall, 200,000 vectors, a scope of 20,000): 8 ms, where sqlite-vec's own vec0 table, which
+compares every vector of a table (or of each partition) took 216 ms whole, 355 ms partitioned by chat, and 57 ms
+over a plain scan of the float vectors. They need the sqlite-vec extension loaded on each connection
 (webapp.extensions); without it, search is by words only.
 """
 
@@ -97,18 +97,10 @@ def vectors_available() -> bool:
 
 
 def ensure_vector_tables(dimensions: int) -> None:
-    """The vector tables (any dimensions: a vector is a float32 blob, its model says what it is), a vector per row
-    and model: a row holds two while a new model's vectors are written (webapp.search.embedder)."""
-    for table, key, owner in VECTOR_TABLES.values():
-        db.session.execute(
-            sa.text(
-                f"CREATE TABLE IF NOT EXISTS {table} ({key} INTEGER NOT NULL, {owner} INTEGER NOT NULL, "
-                f"model TEXT NOT NULL, bits BLOB NOT NULL, embedding BLOB NOT NULL, PRIMARY KEY ({key}, model))"
-            )
-        )
-        db.session.execute(
-            sa.text(f"CREATE INDEX IF NOT EXISTS ix_{table}_scan ON {table} ({owner}, model, bits, {key})")
-        )
+    """Nothing to make: the migration e2a4c6e8f0b2 made the vector tables (any dimensions: a vector is a float32
+    blob, its model says what it is; a vector per row and model, as a row holds two while a new model's vectors
+    are written, webapp.search.embedder). Made here at the first embedding, they changed the schema under the
+    other connections, whose statements then failed."""
 
 
 def vector_dimensions() -> int | None:
