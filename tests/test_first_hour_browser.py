@@ -37,7 +37,9 @@ def check_page(
     impacts: tuple[str, ...] = ("serious", "critical"),
 ) -> None:
     """axe-core: no violation of these impacts (every one: ALL_IMPACTS); no sideways scroll; a screenshot kept
-    (test-artifacts/{prefix}-{size}-{name}.png)."""
+    (test-artifacts/{prefix}-{size}-{name}.png). Once the page has loaded: unstyled, it would be judged by no
+    stylesheet (a click that navigates waits only for the next page to begin)."""
+    page.wait_for_load_state()
     page.add_script_tag(path=str(AXE))
     violations = page.evaluate(
         """async (impacts) => (await axe.run(document, {resultTypes: ["violations"]})).violations
@@ -56,7 +58,9 @@ ALL_IMPACTS = ("minor", "moderate", "serious", "critical")
 
 
 def tap(control: Locator) -> None:
-    """Click a control after checking a finger could reach it: on screen, big enough, not covered."""
+    """Click a control after checking a finger could reach it: on screen, big enough, not covered (on the page
+    as it looks once loaded, stylesheets and all)."""
+    control.page.wait_for_load_state()
     control.scroll_into_view_if_needed()
     box = control.bounding_box()
     viewport = control.page.viewport_size

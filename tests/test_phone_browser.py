@@ -62,6 +62,7 @@ def _sign_in(page: Page, live_server: str, email: str) -> None:
     page.get_by_label("Password").fill(factories.PASSWORD)
     page.get_by_role("button", name="Sign in").click()
     expect(page.get_by_role("heading", name="Chats", level=1)).to_be_visible()
+    page.wait_for_load_state()  # styled: its callers measure the page
 
 
 def _a_full_account(fake_llm) -> dict:
@@ -185,7 +186,9 @@ def test_every_page_passes_axe_on_a_desktop(page, live_app, live_server, fake_ll
 
 
 def open_menu(page: Page) -> None:
-    """On a phone, open the admin's menu (a desktop shows its links in the bar)."""
+    """On a phone, open the admin's menu (a desktop shows its links in the bar). Asked once the page has loaded:
+    before its stylesheet applies, a desktop's menu shows too."""
+    page.wait_for_load_state()
     menu = page.locator("details.menu > summary")
     if menu.is_visible():
         tap(menu)
