@@ -104,8 +104,7 @@ def ensure_vector_tables(dimensions: int) -> None:
 
 
 def vector_dimensions() -> int | None:
-    if not db.session.scalar(sa.text("SELECT count(*) FROM sqlite_master WHERE name = 'memory_vectors'")):
-        return None
+    """The dimensions of the stored vectors, None when there are none (the migration made the tables)."""
     return db.session.scalar(
         sa.text(
             "SELECT length(embedding) / 4 FROM (SELECT embedding FROM memory_vectors LIMIT 1) "
