@@ -1,5 +1,7 @@
 """Local models: the catalog of capable models the local server can serve, a Download button for each (a queued
-job), its progress from the download's status file while it runs, and what is installed.
+job), its progress from the download's status file while it runs, and what is installed. Where the local model
+server is not installed (the `local-llm` extra), the page says so and how to add it, and offers no download: a
+downloaded model could not be served.
 
 The panel (`local_models/_panel.html`, at /admin/local-models/panel) stands alone, so another page can embed it
 with hx-get; it polls itself every 2 s while a download is queued or running."""
@@ -15,7 +17,7 @@ from webapp.admin.run_words import failure
 from webapp.extensions import db
 from webapp.jobs.local_models import model_target, pull_model
 from webapp.jobs.queue import enqueue
-from webapp.local_models.catalog import CATALOG, CatalogModel, InstalledModel, installed_models
+from webapp.local_models.catalog import CATALOG, CatalogModel, InstalledModel, installed_models, not_installed
 from webapp.local_models.download import Status, read_status
 from webapp.models import JobRun
 from webapp.web.auth import admin_required
@@ -108,7 +110,9 @@ def local_models_panel() -> ResponseReturnValue:
 def download_local_model(name: str) -> ResponseReturnValue:
     """Queue the download of a catalog model (a worker downloads, checks and installs it)."""
     model = CATALOG.get(name) or abort(404)
-    if any(m.name == name for m in installed_models(current_app.instance_path, bundled=False)):
+    if missing := not_installed():
+        text = missing
+    elif any(m.name == name for m in installed_models(current_app.instance_path, bundled=False)):
         text = f"{model.display_name} is installed already."
     else:
         enqueue(pull_model, name)  # none when one is queued or running already: the panel follows that one

@@ -6,7 +6,7 @@ import click
 from flask import current_app
 from flask.cli import AppGroup
 
-from webapp.local_models.catalog import CATALOG, installed_models
+from webapp.local_models.catalog import CATALOG, installed_models, not_installed
 from webapp.local_models.download import DownloadError, Status, pull, read_status
 
 models_cli = AppGroup("models", help="Local models: the catalog, and downloading one for the local server.")
@@ -28,6 +28,9 @@ def list_models() -> None:
             f"{model.name:24} {_state(model.name, model.name in installed):10} {size:10} {model.display_name}, "
             f"about {model.ram_bytes / 1e9:.1f} GB of memory, {model.n_ctx:,} of {model.context_tokens:,} tokens"
         )
+    if missing := not_installed():
+        click.echo(f"\n{missing}")
+        return
     click.echo(
         f"\nDownload one with `flask models pull NAME` (from {current_app.config['MODEL_DOWNLOAD_BASE_URL']})."
     )

@@ -49,9 +49,8 @@ class ToolCall:
     def parsed_arguments(self) -> dict[str, Any]:
         """The arguments as a dict; ValueError when the model wrote something else."""
         try:
-            value = json.loads(
-                self.arguments or "{}", strict=False
-            )  # small models put raw newlines in strings
+            # strict=False: small models put raw newlines in strings
+            value = json.loads(self.arguments or "{}", strict=False)
         except json.JSONDecodeError as e:
             raise ValueError(f"arguments are not valid JSON: {e.msg}") from e
         if not isinstance(value, dict):
@@ -60,11 +59,8 @@ class ToolCall:
 
     def as_message_part(self) -> dict[str, Any]:
         """The form an assistant message carries when the transcript goes back to the model."""
-        return {
-            "id": self.id,
-            "type": "function",
-            "function": {"name": self.name, "arguments": self.arguments},
-        }
+        function = {"name": self.name, "arguments": self.arguments}
+        return {"id": self.id, "type": "function", "function": function}
 
 
 @dataclass
@@ -144,8 +140,8 @@ def _complete(
     started: float,
     on_text: Callable[[str], None] | None,
 ) -> LLMResult:
-    client = client_for(target)
     try:
+        client = client_for(target)
         result = _stream(client, request, on_text) if on_text else _request(client, request)
         _check_finished(result)
     except openai.OpenAIError as e:
@@ -182,6 +178,8 @@ def _complete(
 
 def client_for(target: ModelTarget) -> openai.OpenAI:
     """The SDK client of the target's connection, made once per address, key and headers in each process."""
+    if reason := target.unavailable():  # a model that runs here, where its server is not installed
+        raise LLMError(reason, retryable=False)
     timeout = current_app.config["LLM_TIMEOUT_SECONDS"]
     identity = (target.base_url, target.api_key, target.headers, timeout)
     clients: dict = current_app.extensions["llm_clients"]

@@ -14,6 +14,7 @@ import openai
 
 from webapp import llm
 from webapp.llm import LLMError, targets
+from webapp.local_models.catalog import not_installed
 from webapp.models.connections import AnyConnection
 from webapp.timeutil import utcnow
 
@@ -37,6 +38,8 @@ class TestResult:
 def list_models(connection: AnyConnection, *, timeout: float = LIST_TIMEOUT_SECONDS) -> list[dict[str, Any]]:
     """The models the provider lists now: [{"id", "context_tokens"}], sorted by id; ProviderError when it cannot
     be asked."""
+    if connection.kind == "local" and (missing := not_installed()):
+        raise ProviderError(missing)
     if connection.kind == "ollama":
         models = _ollama_models(connection, timeout)
     else:

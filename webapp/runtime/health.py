@@ -16,6 +16,7 @@ from webapp.extensions import db
 from webapp.jobs.queue import redis_connection, worker_queues
 from webapp.jobs.schedule import scheduler_alive
 from webapp.llm import providers, targets
+from webapp.local_models.catalog import not_installed
 from webapp.models.connections import AnyConnection
 from webapp.timeutil import utcnow
 
@@ -93,7 +94,10 @@ def check_scheduler() -> Check:
 
 def check_llm() -> Check:
     """The environment's connection (LLM_BASE_URL, or the model that runs here)."""
-    return probe_connection(targets.environment_connection())
+    connection = targets.environment_connection()
+    if connection.kind == "local" and (missing := not_installed()):
+        return Check(False, missing)
+    return probe_connection(connection)
 
 
 def probe_connection(connection: AnyConnection) -> Check:

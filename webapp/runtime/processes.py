@@ -29,7 +29,13 @@ from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from webapp import config
-from webapp.local_models.catalog import bundled_model_path, installed_models, installed_signature
+from webapp.local_models.catalog import (
+    UNTIL_INSTALLED,
+    bundled_model_path,
+    installed_models,
+    installed_signature,
+    not_installed,
+)
 from webapp.runtime.supervisor import Service, Supervisor
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]  # webapp/runtime/ -> the project
@@ -84,6 +90,8 @@ def serve_local_model(port: int, instance: Path) -> None:
     It generates one answer at a time. By default it cuts the answer it is streaming whenever another request
     arrives, even a listing of its models, which every page's service-status poll makes: so it does not
     interrupt, and it lists its models itself, without waiting for the answer in progress."""
+    if missing := not_installed():
+        raise SystemExit(missing)
     import uvicorn
     from fastapi.responses import JSONResponse
     from llama_cpp.server.app import create_app
@@ -200,12 +208,12 @@ def web_argv(port: int | str) -> list[str]:
 
 
 def procfile_names(settings: dict) -> list[str]:
-    """The Procfile processes to start: web, mcp, the two workers, scheduler, the embedded services when needed,
-    ready."""
+    """The Procfile processes to start: web, mcp, the two workers, scheduler, the embedded services when needed
+    (the local model server only where it is installed: `ready` says what is missing), ready."""
     names = ["web", "mcp", "worker", "replies", "scheduler"]
     if settings["EMBEDDED_REDIS"]:
         names.append("redis")
-    if settings["LOCAL_LLM"]:
+    if settings["LOCAL_LLM"] and not not_installed():
         names.append("llm")
     return [*names, "ready"]
 
@@ -235,6 +243,8 @@ def service(name: str, settings: dict, instance: Path) -> Service:
             before_stop=lambda: wait_until_idle(Redis(unix_socket_path=str(socket_path)), grace_seconds=2),
         )
     if name == "llm":
+        if missing := not_installed():
+            raise SystemExit(missing)  # once, not a crash a supervisor would restart for ever
         marker = llm_ready_marker(instance)
         base_url = settings["LLM_BASE_URL"]
         served = {"models": installed_signature(instance)}
@@ -267,15 +277,16 @@ def announce_when_ready(settings: dict, instance: Path, port: str, timeout_secon
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout_seconds
     ready = False
+    local_server = "llm" in procfile_names(settings)
     while time.monotonic() < deadline:
-        ready = _answers(f"{url}/healthz") and (
-            not settings["LOCAL_LLM"] or llm_ready_marker(instance).exists()
-        )
+        ready = _answers(f"{url}/healthz") and (not local_server or llm_ready_marker(instance).exists())
         if ready:
             break
         time.sleep(0.5)
     if ready:
         email, password = DEMO_LOGIN[0], os.environ.get("DEMO_PASSWORD", DEMO_LOGIN[1])
+        if settings["LOCAL_LLM"] and (missing := not_installed()):
+            print(f"\n{missing} {UNTIL_INSTALLED}", flush=True)
         print(f"\nCairn is up at {url}   (demo login: {email} / {password})   Ctrl-C stops it.\n", flush=True)
     else:
         print(f"\nCairn is not all up after {timeout_seconds:g} s: see {url}/healthz and the lines above.\n")

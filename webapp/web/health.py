@@ -20,6 +20,7 @@ from webapp import search
 from webapp.extensions import db
 from webapp.jobs import embeddings
 from webapp.llm import targets
+from webapp.local_models.catalog import not_installed
 from webapp.models import Account, Agent, Connection, LlmCall
 from webapp.models.connections import AnyConnection
 from webapp.models.drift import drifts
@@ -40,20 +41,34 @@ PROBLEMS = {
     "scheduler": "The scheduler is not running: memory upkeep is paused until it is back.",
     "llm": "The model server is not answering: replies wait until it is back.",
 }
+NOT_INSTALLED = (
+    "The local model server is not installed here, so agents on {name} cannot answer: an admin can give them "
+    "another model (Connections) or set LLM_BASE_URL."
+)
 
 
 def connections_in_use(account_id: int) -> dict[str, Check]:
     """The state of each connection an agent of the account (or its memory jobs) uses, by its name: the
     environment's as the cached report says, the others probed at most once per CACHE_SECONDS per process."""
     checks = {}
-    uses_environment = db.session.scalar(
-        sa.select(sa.exists().where(Agent.account_id == account_id, Agent.connection_id.is_(None)))
-    )
-    if uses_environment:
+    if _uses_environment(account_id):
         checks[targets.environment_connection().name] = report()["llm"]
     for row in _added_connections_in_use(account_id):
         checks[row.name] = connection_check(row)
     return checks
+
+
+def _uses_environment(account_id: int) -> bool:
+    return db.session.scalar(
+        sa.select(sa.exists().where(Agent.account_id == account_id, Agent.connection_id.is_(None)))
+    )
+
+
+def not_here(name: str) -> bool:
+    """Whether a part is absent by how Cairn was installed rather than down: the model that runs here, on a
+    machine without the local model server (the `local-llm` extra, which a server on a hosted provider leaves
+    out). Restarting brings nothing back, so it does not make /healthz 503; the agents that use it say so."""
+    return name == "llm" and targets.environment_connection().kind == "local" and bool(not_installed())
 
 
 def _added_connections_in_use(account_id: int) -> list[Connection]:
@@ -182,8 +197,10 @@ def report() -> dict[str, Check]:
 def problems() -> list[str]:
     """One plain sentence for each component that is down, and for each connection of the signed-in person's
     account that its agents use and that does not answer (the environment's is the "llm" component)."""
-    found = [PROBLEMS[name] for name, check in report().items() if not check.ok]
+    found = [PROBLEMS[name] for name, check in report().items() if not check.ok and not not_here(name)]
     if current_user.is_authenticated:
+        if not_here("llm") and _uses_environment(current_user.account_id):
+            found.append(NOT_INSTALLED.format(name=targets.environment_connection().name))
         for row in _added_connections_in_use(current_user.account_id):
             if not (check := connection_check(row)).ok:
                 found.append(
@@ -199,7 +216,9 @@ def model_problems(agents: list[Agent]) -> list[str]:
     found = []
     for agent in agents:
         connection = targets.connection_of(agent)
-        if not (check := connection_check(connection)).ok:
+        if not (check := connection_check(connection)).ok and connection.kind == "local" and not_here("llm"):
+            found.append(f"{agent.name}'s model ({agent.model_id}) cannot answer: {check.detail}")
+        elif not check.ok:
             found.append(
                 f"{agent.name}'s model ({agent.model_id} at {connection.name}) is not answering: a message to "
                 f"{agent.name} waits until it is back ({check.detail})."
@@ -209,14 +228,18 @@ def model_problems(agents: list[Agent]) -> list[str]:
 
 @bp.app_context_processor
 def _service_status():
-    return {"service_problems": problems, "model_problems": model_problems}
+    return {
+        "service_problems": problems,
+        "model_problems": model_problems,
+        "local_server_missing": not_installed,  # the local models page, Connections, the admin's Chats page
+    }
 
 
 @bp.get("/healthz")
 def healthz() -> ResponseReturnValue:
     """200 when every component is up, 503 otherwise; each component's detail only for signed-in admins."""
     checks = {"database": check_database(), **report()}
-    ok = all(c.ok for c in checks.values())
+    ok = all(c.ok or not_here(name) for name, c in checks.items())
     body = {"status": "ok" if ok else "degraded"}
     if current_user.is_authenticated and current_user.is_admin:
         checks["search"] = check_search()  # after the status: search still works by words alone
