@@ -12,6 +12,7 @@ from webapp.extensions import db
 from webapp.jobs import schedule
 from webapp.jobs.ping import ping
 from webapp.jobs.queue import enqueue, wait_for_redis
+from webapp.local_models.catalog import UNTIL_INSTALLED, not_installed
 from webapp.models import Account, Agent, User
 from webapp.models.accounts import PersonChangeRefused, password_problem
 from webapp.runtime.health import check_database, check_llm, check_redis
@@ -48,6 +49,9 @@ def check() -> None:
             failures.append(variable)
             source = "set" if os.environ.get(variable) else "default"
             click.echo(f"FAIL  {variable} ({source}): {result.detail}", err=True)
+    if current_app.config["LOCAL_LLM"] and (missing := not_installed()):
+        # Not a failure: agents may use connections added in the app; those on the environment's model say so.
+        click.echo(f"note  LLM_BASE_URL (unset): {missing} {UNTIL_INSTALLED}")
     if failures:
         sys.exit(f"Cairn cannot start: fix {', '.join(failures)} (see above).")
 
@@ -161,6 +165,8 @@ def demo_seed() -> None:
         )
     db.session.commit()
     click.echo(f"Demo admin: {DEMO_EMAIL} / {password}")
+    if current_app.config["LOCAL_LLM"] and (missing := not_installed()):
+        click.echo(f"Its agents are on the environment's model. {missing} {UNTIL_INSTALLED}")
 
 
 @jobs_cli.command("ping")
