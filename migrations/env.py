@@ -43,6 +43,9 @@ target_db = current_app.extensions["migrate"].db
 # ... etc.
 
 
+MIGRATION_LOCK = 0x6361_6972_6E  # "cairn": the PostgreSQL advisory lock every upgrade takes
+
+
 def include_object(obj, name, type_, reflected, compare_to):
     """Full-text search lives outside the models (SQLite FTS5 tables, PostgreSQL tsvector columns and their
     GIN indexes): migrations make it by hand, so autogenerate neither adds nor drops it. The vector tables
@@ -103,6 +106,11 @@ def run_migrations_online():
     connectable = get_engine()
 
     with connectable.connect() as connection:
+        if connection.dialect.name == "postgresql":
+            # One upgrade at a time, whoever runs it (compose's migrate, a second `flask db upgrade` by hand):
+            # the next waits here, then finds the schema current. Held by this connection until it closes.
+            connection.exec_driver_sql(f"SELECT pg_advisory_lock({MIGRATION_LOCK})")
+            connection.commit()
         if connection.dialect.name == "sqlite":
             # Batch migrations rebuild a table (copy, drop, rename); with foreign keys enforced, dropping a
             # table that others reference fails. SQLite ignores this pragma inside a transaction: set it first.

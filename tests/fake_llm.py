@@ -47,7 +47,8 @@ class Scripted:
 
 
 class FakeLLM:
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        """host: where it listens (0.0.0.0 for containers to reach it through host.docker.internal)."""
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []  # of each request in `requests`, names in lower case
         self.models: list[dict[str, Any]] = [{"id": "fake-model", "object": "model"}]
@@ -64,7 +65,7 @@ class FakeLLM:
         self._script: deque[Scripted] = deque()
         self._by_model: dict[str, deque[Scripted]] = {}
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
+        self._server = ThreadingHTTPServer((host, 0), _handler_for(self))
         self._server.daemon_threads = True
         self.base_url = f"http://127.0.0.1:{self._server.server_address[1]}/v1"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)

@@ -257,8 +257,10 @@ def load(instance_path: str) -> dict:
         "RATE_LIMIT_LOGIN_PER_ADDRESS": os.environ.get("RATE_LIMIT_LOGIN_PER_ADDRESS", "30 per 15 minutes"),
         # Proxies in front of gunicorn that set X-Forwarded-For/-Proto/-Host (0: the connection is the client).
         "TRUSTED_PROXY_HOPS": _int("TRUSTED_PROXY_HOPS", 0),
-        # The MCP server's HTTP process (webapp.mcp.http) listens on 127.0.0.1 at this port; the web process
-        # relays /mcp to it. Its requests are limited per API key, counted in the same storage.
+        # The MCP server's HTTP process (webapp.mcp.http) listens at this port, on 127.0.0.1 under `make run`;
+        # the web process relays /mcp to it at MCP_HOST (in compose.yaml, its own container: mcp). Its
+        # requests are limited per API key, counted in the same storage.
+        "MCP_HOST": os.environ.get("MCP_HOST", "127.0.0.1"),
         "MCP_PORT": _int("MCP_PORT", 8002),
         "RATE_LIMIT_MCP": os.environ.get("RATE_LIMIT_MCP", "120 per minute; 3000 per hour"),
         # Browser origins besides Cairn's own that may call the MCP server (comma-separated, as

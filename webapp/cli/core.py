@@ -14,7 +14,7 @@ from webapp.jobs.ping import ping
 from webapp.jobs.queue import enqueue, wait_for_redis
 from webapp.local_models.catalog import UNTIL_INSTALLED, not_installed
 from webapp.models import Account, Agent, User
-from webapp.models.accounts import PersonChangeRefused, password_problem
+from webapp.models.accounts import NO_PASSWORD, PersonChangeRefused, password_problem
 from webapp.runtime.health import check_database, check_llm, check_redis
 
 schedule_cli = AppGroup("schedule", help="Recurring jobs in rq-scheduler.")
@@ -88,6 +88,29 @@ def schedule_run() -> None:
 @click.option("--account", "account_name", default=None, help="Account name (default: the first account).")
 def users_create(email: str, password: str, admin: bool, account_name: str | None) -> None:
     """Create a user who signs in with EMAIL and PASSWORD."""
+    _create_user(email, password, admin, account_name)
+
+
+@users_cli.command("first-admin")
+def users_first_admin() -> None:
+    """Create the first admin from CAIRN_ADMIN_EMAIL and CAIRN_ADMIN_PASSWORD while no admin can sign in yet
+    (every start of compose.yaml runs it; once an admin can sign in it changes nothing)."""
+    can_sign_in = sa.select(User.id).where(
+        User.role == "admin", User.removed_at.is_(None), User.password_hash.not_like(f"{NO_PASSWORD}%")
+    )
+    if db.session.scalar(can_sign_in.limit(1)):
+        return
+    email, password = os.environ.get("CAIRN_ADMIN_EMAIL", ""), os.environ.get("CAIRN_ADMIN_PASSWORD", "")
+    if not (email.strip() and password):
+        click.echo(
+            "No admin can sign in yet: set CAIRN_ADMIN_EMAIL and CAIRN_ADMIN_PASSWORD (in .env with compose), "
+            "or run `flask users create EMAIL --admin`."
+        )
+        return
+    _create_user(email, password, admin=True, account_name=None)
+
+
+def _create_user(email: str, password: str, admin: bool, account_name: str | None) -> None:
     email = email.strip().lower()
     if db.session.scalar(sa.select(User).where(User.email == email)):
         sys.exit(f"A user with email {email} already exists.")

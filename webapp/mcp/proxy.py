@@ -1,4 +1,4 @@
-"""/mcp on the web process, relayed to the MCP process (webapp.mcp.http on 127.0.0.1:MCP_PORT) and streamed
+"""/mcp on the web process, relayed to the MCP process (webapp.mcp.http at MCP_HOST:MCP_PORT) and streamed
 back: `make run` serves pages, streams and MCP on one port, as its gevent gunicorn waits on the MCP process
 without holding a thread. In production the front proxy sends /mcp to the MCP process itself (README,
 Production); this relay is then only a fallback. Exempt from CSRF: MCP clients send an API key, not a cookie.
@@ -42,7 +42,7 @@ TIMEOUT_SECONDS = 300  # a tool call that searches a large memory, or an event s
 def relay(rest: str = "") -> Response:
     """Relay the request to the MCP process and stream its answer back."""
     upstream = http.client.HTTPConnection(
-        "127.0.0.1", current_app.config["MCP_PORT"], timeout=TIMEOUT_SECONDS
+        current_app.config["MCP_HOST"], current_app.config["MCP_PORT"], timeout=TIMEOUT_SECONDS
     )
     headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
     headers["X-Forwarded-For"] = request.remote_addr or ""

@@ -1,0 +1,20 @@
+#!/bin/sh
+# The image's entrypoint: the name of one of Cairn's processes, or any other command (`flask users create ...`,
+# `sh`). compose.yaml runs each process in a container of its own; Docker restarts whichever dies.
+set -e
+case "${1:-web}" in
+web) # pages and live streams, as `make run` serves them: an open stream is a waiting greenlet, not a thread
+  exec gunicorn --worker-class gevent --workers "${WEB_WORKERS:-2}" --worker-connections 2000 \
+    --graceful-timeout 3 --bind "0.0.0.0:${PORT:-5000}" --no-control-socket \
+    --access-logfile - --access-logformat '%(h)s "%(r)s" %(s)s %(b)s' app:app ;;
+mcp) exec flask mcp http --host 0.0.0.0 ;; # MCP over HTTP; web relays /mcp to it (MCP_HOST)
+worker) exec python worker.py ;;
+replies) exec python worker.py --replies-only ;;
+scheduler) exec flask schedule run ;; # exactly one
+migrate) # once, before the others start: the schema, then the first admin while no admin can sign in
+  flask db upgrade
+  exec flask users first-admin ;;
+llm) # the bundled local model's server (an image built with LOCAL_LLM=1)
+  exec python -m webapp.runtime.processes llm-server "${LOCAL_LLM_PORT:-8088}" ;;
+*) exec "$@" ;;
+esac
