@@ -178,14 +178,18 @@ def test_a_download_is_refused_with_the_reason_and_nothing_is_queued(
     assert listed.exit_code == 0 and NOT_INSTALLED in listed.output and "bundled" not in listed.output
 
 
-def test_the_connections_page_and_the_chats_page_say_the_model_that_runs_here_is_not_installed(
+def test_connections_the_chats_and_an_agents_chat_say_the_model_that_runs_here_is_not_installed(
     client, signed_in, smol
 ):
+    chat = factories.chat(signed_in.account, [smol])
+
     connections = client.get("/admin/connections").text
     chats = client.get("/chats/").text
+    page = client.get(f"/chats/{chat.id}").text
 
     assert NOT_INSTALLED in connections and "add a provider below" in connections
     assert "Smol runs on the tiny model bundled with Cairn" in chats and NOT_INSTALLED in chats
+    assert f"Smol&#39;s model (smollm2) cannot answer: {NOT_INSTALLED}" in page
 
 
 # Health, `flask check`, `make run`
@@ -220,6 +224,13 @@ def test_flask_check_notes_what_is_missing_and_passes(runner, without_local_llm)
     assert result.exit_code == 0, result.output
     assert f"note  LLM_BASE_URL (unset): {NOT_INSTALLED}" in result.output
     assert "set LLM_BASE_URL, or give them a model at another connection" in result.output
+
+
+def test_the_demo_says_its_agents_cannot_answer_until_then(runner, without_local_llm):
+    result = runner.invoke(args=["demo", "seed"])
+
+    assert result.exit_code == 0 and "Demo admin:" in result.output
+    assert f"Its agents are on the environment's model. {NOT_INSTALLED}" in result.output
 
 
 def test_make_run_starts_no_model_server_it_cannot_run(without_local_llm, tmp_path):
