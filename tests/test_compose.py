@@ -295,11 +295,11 @@ def _inspect(container: str, template: str) -> str:
 def test_every_process_of_the_image_runs_as_a_user_other_than_root(stack):
     for service in CAIRN_SERVICES:
         for container in stack.containers(service):
-            top = subprocess.run(
-                ["docker", "top", container, "-eo", "uid,args"], capture_output=True, text=True, check=True
+            processes = subprocess.run(
+                ["docker", "top", container, "-o", "pid,uid,args"], capture_output=True, text=True, check=True
             ).stdout.splitlines()[1:]
-            assert top, service
-            assert all(line.split()[0] != "0" for line in top), f"{service} runs as root: {top}"
+            assert processes, service
+            assert all(line.split()[1] != "0" for line in processes), f"{service} runs as root: {processes}"
 
 
 def test_the_image_without_the_local_model_is_under_600_mb(stack):
