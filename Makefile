@@ -33,6 +33,7 @@ test-system-deps:
 # browsers); each suite's output is printed whole when it ends.
 test: $(INSTALLED) test-system-deps
 	$(MAKE) --jobs=2 --output-sync=target test-sqlite test-postgres
+	$(MAKE) test-compose
 
 test-sqlite:
 	pytest
