@@ -14,7 +14,7 @@ scheduler) exec flask schedule run ;; # exactly one
 migrate) # once, before the others start: the schema, then the first admin while no admin can sign in
   flask db upgrade
   exec flask users first-admin ;;
-llm) # the bundled local model's server (an image built with LOCAL_LLM=1)
-  exec python -m webapp.runtime.processes llm-server "${LOCAL_LLM_PORT:-8088}" ;;
+llm) # the bundled local model's server and the models installed in instance/ (an image built with LOCAL_LLM=1)
+  exec python -m webapp.runtime.processes llm-server "${LOCAL_LLM_PORT:-8088}" 0.0.0.0 ;;
 *) exec "$@" ;;
 esac

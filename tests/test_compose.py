@@ -111,6 +111,7 @@ def _settings(tmp_path: Path, fake: FakeLLM, port: int) -> dict[str, str]:
         "CAIRN_ADMIN_PASSWORD": ADMIN[1],
         # The fake model on this host, as a team's model server or Ollama on theirs.
         "LLM_BASE_URL": f"http://host.docker.internal:{fake.base_url.rsplit(':', 1)[1]}",
+        "OLLAMA_BASE_URL": f"http://host.docker.internal:{fake.root.rsplit(':', 1)[1]}",
         # 16 API clients at once, each waiting for its reply (16 replies for 12 worker threads, so every
         # thread takes one): within one person's limits.
         "RATE_LIMIT_REPLIES": "200 per minute",
@@ -130,6 +131,7 @@ def _settings(tmp_path: Path, fake: FakeLLM, port: int) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     fake = FakeLLM(host="0.0.0.0")  # containers reach it through host.docker.internal
+    fake.ollama_models = {"llama3.2:3b": 131072}  # an Ollama on the host, too
     port = free_port()
     env = _settings(tmp_path_factory.mktemp("compose"), fake, port)
     stack = Stack(f"http://127.0.0.1:{port}", env, fake)
@@ -161,11 +163,7 @@ def test_without_a_secret_key_compose_stops_and_says_how_to_make_one(tmp_path):
 
 def test_the_first_admin_signs_in_makes_an_agent_and_gets_a_reply(stack, page: Page):
     page.set_viewport_size({"width": 1280, "height": 800})
-    page.goto(f"{stack.url}/login")
-    page.get_by_label("Email").fill(ADMIN[0])
-    page.get_by_label("Password").fill(ADMIN[1])
-    page.get_by_role("button", name="Sign in").click()
-    expect(page.get_by_role("heading", name="Chats")).to_be_visible()
+    _sign_in(stack, page)
 
     page.get_by_role("link", name="Create your first agent").click()
     page.get_by_label("Name").fill("Ada")
@@ -183,7 +181,8 @@ def test_the_first_admin_signs_in_makes_an_agent_and_gets_a_reply(stack, page: P
     stack.fake.reply("Tulips go in in October, six inches deep.", model=MODEL)
     composer = page.get_by_label("Message", exact=True)
     composer.fill("Remember that I plant tulips in October. When do they go in?")
-    composer.press("Enter")
+    page.wait_for_load_state()  # its script, which streams the reply in
+    page.get_by_role("button", name="Send", exact=True).click()
 
     reply = page.locator("article.message.assistant").last
     expect(reply).to_contain_text("Tulips go in in October, six inches deep.", timeout=60_000)
@@ -314,6 +313,30 @@ def _inspect_image(image: str, template: str) -> str:
     ).stdout.strip()
 
 
+def test_flask_commands_run_in_the_web_container(stack):
+    result = stack.compose(
+        "exec", "-T", "web", "flask", "users", "create", "ben@example.com", "--password", "ben's own 4 tulips"
+    )
+
+    assert "Created member ben@example.com" in result.stdout
+    assert ["ben@example.com", "member"] in stack.sql("SELECT email, role FROM users")
+
+
+def test_an_ollama_on_the_host_is_found_from_the_containers(stack, page: Page):
+    _sign_in(stack, page)
+    page.goto(f"{stack.url}/admin/connections")
+    ollama = page.get_by_role("heading", name="An Ollama is running at http://host.docker.internal:")
+    expect(ollama).to_be_visible()
+
+
+def _sign_in(stack: Stack, page: Page) -> None:
+    page.goto(f"{stack.url}/login")
+    page.get_by_label("Email").fill(ADMIN[0])
+    page.get_by_label("Password").fill(ADMIN[1])
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.get_by_role("heading", name="Chats")).to_be_visible()
+
+
 def test_down_then_up_keeps_every_chat_and_memory(stack, page: Page):
     counted = "SELECT (SELECT count(*) FROM chats), (SELECT count(*) FROM messages), (SELECT count(*) FROM agent_memories)"
     before = stack.sql(counted)
@@ -327,8 +350,5 @@ def test_down_then_up_keeps_every_chat_and_memory(stack, page: Page):
     print(f"\nup again, /healthz 200 after {time.monotonic() - started:.0f} s")
 
     assert stack.sql(counted) == before
-    page.goto(f"{stack.url}/login")
-    page.get_by_label("Email").fill(ADMIN[0])
-    page.get_by_label("Password").fill(ADMIN[1])
-    page.get_by_role("button", name="Sign in").click()
+    _sign_in(stack, page)
     expect(page.get_by_role("link", name="Garden").first).to_be_visible()

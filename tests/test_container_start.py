@@ -158,7 +158,8 @@ def _compose() -> dict:
 def test_compose_restarts_every_long_running_service_and_migrates_once():
     services = _compose()["services"]
 
-    assert set(services) == {"db", "redis", "migrate", "web", "mcp", "worker", "replies", "scheduler"}
+    assert set(services) == {"db", "redis", "migrate", "web", "mcp", "worker", "replies", "scheduler", "llm"}
+    assert services["llm"]["profiles"] == ["local-model"]  # only with an image that has the local model
     assert services["migrate"]["restart"] == "no"
     for name, service in services.items():
         if name != "migrate":
@@ -180,3 +181,16 @@ def test_compose_takes_its_images_from_variables_and_keeps_the_database_in_a_nam
     assert services["db"]["volumes"] == ["db:/var/lib/postgresql/data"]
     assert {"db", "redis"} <= set(compose["volumes"])
     assert "host.docker.internal:host-gateway" in services["web"]["extra_hosts"]
+
+
+def test_the_bundled_model_is_reached_at_its_own_container_when_one_is_named(tmp_path, monkeypatch):
+    from webapp import config
+
+    monkeypatch.delenv("LLM_BASE_URL", raising=False)
+    monkeypatch.setenv("LOCAL_LLM_HOST", "llm")
+
+    settings = config.load(str(tmp_path))
+
+    assert settings["LOCAL_LLM"] and settings["LLM_BASE_URL"] == "http://llm:8088/v1"
+    monkeypatch.delenv("LOCAL_LLM_HOST")
+    assert config.load(str(tmp_path))["LLM_BASE_URL"] == "http://127.0.0.1:8088/v1"  # make run's

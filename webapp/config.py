@@ -164,11 +164,12 @@ def load(instance_path: str) -> dict:
         "REDIS_URL": os.environ.get("REDIS_URL") or f"unix://{Path(instance_path) / 'redis.sock'}",
         "RQ_QUEUE": os.environ.get("RQ_QUEUE", "cairn"),
         # The environment's connection (webapp.llm.targets): LLM_BASE_URL, or with none the SmolLM2 model the
-        # project serves on loopback. Agents may use other connections, which admins add in the app.
+        # project serves on loopback (at LOCAL_LLM_HOST: compose.yaml's llm container). Agents may use other
+        # connections, which admins add in the app.
         "LOCAL_LLM": not os.environ.get("LLM_BASE_URL"),
         "LOCAL_LLM_PORT": _int("LOCAL_LLM_PORT", LOCAL_LLM_PORT),
         "LLM_BASE_URL": os.environ.get("LLM_BASE_URL")
-        or f"http://127.0.0.1:{_int('LOCAL_LLM_PORT', LOCAL_LLM_PORT)}/v1",
+        or f"http://{os.environ.get('LOCAL_LLM_HOST', '127.0.0.1')}:{_int('LOCAL_LLM_PORT', LOCAL_LLM_PORT)}/v1",
         "LLM_API_KEY": os.environ.get("LLM_API_KEY", "local"),
         "DEFAULT_MODEL_ID": os.environ.get("DEFAULT_MODEL_ID", LOCAL_MODEL_ID),
         "LLM_TIMEOUT_SECONDS": _float("LLM_TIMEOUT_SECONDS", 120),

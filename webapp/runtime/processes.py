@@ -3,7 +3,8 @@
     python -m webapp.runtime.processes names        # the Procfile entries this configuration needs
     python -m webapp.runtime.processes run NAME     # run one of them (web, mcp, worker, ...), supervised
     python -m webapp.runtime.processes ready        # print the URL and the demo login once everything is up
-    python -m webapp.runtime.processes llm-server PORT   # the local models' OpenAI-compatible server, quiet
+    python -m webapp.runtime.processes llm-server PORT [HOST]   # the local models' OpenAI-compatible server, quiet
+                                                                # (on 127.0.0.1; compose.yaml's llm: 0.0.0.0)
 
 A crash of any one process is restarted with backoff (webapp/runtime/supervisor.py) while the others keep running.
 Two workers run: `worker` takes replies first, then background memory work; `replies` takes replies only, so a
@@ -82,7 +83,7 @@ def llm_server_argv(port: int) -> list[str]:
     return [sys.executable, "-m", "webapp.runtime.processes", "llm-server", str(port)]
 
 
-def serve_local_model(port: int, instance: Path) -> None:
+def serve_local_model(port: int, instance: Path, host: str = "127.0.0.1") -> None:
     """llama-cpp-python's server for the bundled SmolLM2 ("smollm2", its default) and every model installed in
     instance/models/, each under its catalog name, with llama.cpp logging only its errors and no access log.
 
@@ -97,7 +98,7 @@ def serve_local_model(port: int, instance: Path) -> None:
     from llama_cpp.server.app import create_app
     from llama_cpp.server.settings import ModelSettings, ServerSettings
 
-    server = ServerSettings(host="127.0.0.1", port=port, interrupt_requests=False)
+    server = ServerSettings(host=host, port=port, interrupt_requests=False)
     served = installed_models(instance)
     models = [
         ModelSettings(
@@ -311,8 +312,8 @@ def main(argv: list[str]) -> None:
         sys.exit(Supervisor(service(argv[2], settings, instance)).run())
     elif command == "ready":
         announce_when_ready(settings, instance, os.environ.get("CAIRN_WEB_PORT", "5000"))
-    elif command == "llm-server" and len(argv) == 3:
-        serve_local_model(int(argv[2]), instance)
+    elif command == "llm-server" and len(argv) in (3, 4):
+        serve_local_model(int(argv[2]), instance, *argv[3:])
     else:
         raise SystemExit(__doc__)
 
