@@ -1,0 +1,82 @@
+"""`flask backup export FILE` / `flask backup import FILE`: the whole install in one file, and back into a new
+database of either kind (a `make run` SQLite install moves to PostgreSQL this way), its search then rebuilt."""
+
+import sys
+
+import click
+from flask.cli import AppGroup
+
+from webapp.backup import BackupError
+from webapp.backup.export import export
+from webapp.backup.restore import restore
+from webapp.cli.memories import reindex
+
+backup_cli = AppGroup("backup", help="The whole install in one file, and into a new database of either kind.")
+
+
+class _Bar:
+    """A progress bar on stderr per stage, made at its first step (when its length is known)."""
+
+    def __init__(self, stage_of):
+        self._stage_of, self._stage, self._bar, self._shown = stage_of, None, None, 0
+
+    def step(self, label: str, done: int, total: int) -> None:
+        stage = self._stage_of(label)
+        if stage != self._stage:
+            self.close()
+            self._stage, self._shown = stage, 0
+            self._bar = click.progressbar(length=total, label=stage, file=sys.stderr).__enter__()
+        self._bar.update(done - self._shown)
+        self._shown = done
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.__exit__(None, None, None)
+            self._bar = None
+
+    def __enter__(self) -> "_Bar":
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self.close()
+
+
+def _summary(rows: dict[str, int]) -> None:
+    for table, count in rows.items():
+        click.echo(f"  {table}: {count:,}")
+
+
+@backup_cli.command("export")
+@click.argument("file", type=click.Path(dir_okay=False, writable=True))
+def export_command(file: str) -> None:
+    """Write the whole install to FILE: accounts, people (with their password hashes), agents, chats, messages,
+    memories, proposals, audit, sign-ins, connections (keys still encrypted under SECRET_KEY), API keys' hashes,
+    job runs and costs. Read in one snapshot, so people may go on chatting meanwhile."""
+    try:
+        with _Bar(lambda _table: "Exporting rows") as bar:
+            rows = export(file, bar.step)
+    except BackupError as error:
+        raise click.ClickException(str(error)) from None
+    click.echo(f"Exported {sum(rows.values()):,} rows of {len(rows)} tables to {file}:")
+    _summary(rows)
+
+
+@backup_cli.command("import")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.pass_context
+def import_command(context: click.Context, file: str) -> None:
+    """Load FILE, written by `flask backup export`, into this database, which must be new (`flask db upgrade`
+    and nothing else), of either kind; then rebuild search as `flask memories reindex` does. The file is checked
+    whole first; anything wrong, and nothing is imported."""
+    try:
+        with _Bar(lambda label: "Checking the file" if label == "Checking" else "Importing") as bar:
+            rows = restore(file, bar.step)
+    except BackupError as error:
+        raise click.ClickException(str(error)) from None
+    click.echo(f"Imported {sum(rows.values()):,} rows of {len(rows)} tables from {file}:")
+    _summary(rows)
+    click.echo("Rebuilding search (stopped, `flask memories reindex` goes on where it stopped):")
+    context.invoke(reindex, everything=False)
+
+
+COMMANDS = [backup_cli]
