@@ -149,16 +149,20 @@ def stack(tmp_path_factory):
 
 
 def test_without_a_secret_key_compose_stops_and_says_how_to_make_one(tmp_path):
-    env_file = tmp_path / "no-secret.env"
-    env_file.write_text(f"CAIRN_ADMIN_EMAIL={ADMIN[0]}\n")
+    """.env.example as it is copied: its SECRET_KEY is empty until someone makes one."""
+    env_file = tmp_path / ".env"
+    env_file.write_text((ROOT / ".env.example").read_text())
     env = {k: v for k, v in os.environ.items() if k != "SECRET_KEY"}
     env["CAIRN_ENV_FILE"] = str(env_file)
 
-    result = _compose(env, "config", check=False)
+    refused = _compose(env, "config", check=False)
+    env_file.write_text(env_file.read_text() + "SECRET_KEY=made-with-token-hex\n")
+    accepted = _compose(env, "config", check=False)
 
-    assert result.returncode != 0
-    assert "SECRET_KEY is not set" in result.stderr
-    assert "python3 -c 'import secrets; print(secrets.token_hex(32))'" in result.stderr
+    assert refused.returncode != 0
+    assert "SECRET_KEY is not set" in refused.stderr
+    assert "python3 -c 'import secrets; print(secrets.token_hex(32))'" in refused.stderr
+    assert accepted.returncode == 0, accepted.stderr
 
 
 def test_the_first_admin_signs_in_makes_an_agent_and_gets_a_reply(stack, page: Page):
