@@ -87,7 +87,7 @@ def _columns(header: dict) -> dict[str, list[str]]:
     for table in tables():
         if sorted(listed.get(table.name) or []) != sorted(c.name for c in table.columns):
             raise BackupError(f"The file's table {table.name} does not have this schema's columns.")
-    return listed
+    return {table.name: listed[table.name] for table in tables()}
 
 
 def _check_database(connection: sa.Connection) -> None:
@@ -100,8 +100,8 @@ def _check_database(connection: sa.Connection) -> None:
             f"This database is at schema revision {revision}, not this Cairn's newest ({newest}): run "
             "`flask db upgrade` first, then import."
         )
-    held = {table.name: _rows(connection, table) for table in db.metadata.sorted_tables}
-    if held := {name: count for name, count in held.items() if count}:
+    counted = {table.name: _rows(connection, table) for table in db.metadata.sorted_tables}
+    if held := {name: count for name, count in counted.items() if count}:
         said = ", ".join(f"{name} {count:,}" for name, count in held.items())
         raise BackupError(
             f"This database is not empty (rows: {said}): a backup goes into a new database, migrated with "
@@ -116,7 +116,7 @@ def _rows(connection: sa.Connection, table: sa.Table) -> int:
 def _load(connection: sa.Connection, reader: Reader, header: dict, step: Step | None) -> dict[str, int]:
     """Insert every row of the file, a batch at a time; the rows of each table."""
     order = [table.name for table in tables()]
-    columns = {table["name"]: table["columns"] for table in header["tables"]}
+    columns = _columns(header)
     items = reader.items()
     next(items)  # the header, checked
     loaders: dict[str, _Loader] = {}
