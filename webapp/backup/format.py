@@ -82,7 +82,10 @@ class Writer:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self._partial = self.path.with_name(f".{self.path.name}.partial")
-        self._raw: IO[bytes] = open(self._partial, "wb")  # noqa: SIM115 (closed by finish or abandon)
+        try:
+            self._raw: IO[bytes] = open(self._partial, "wb")  # noqa: SIM115 (closed by finish or abandon)
+        except OSError as error:
+            raise BackupError(f"Cannot write {self.path}: {error.strerror}.") from None
         self._gzip = gzip.GzipFile(fileobj=self._raw, mode="wb", compresslevel=COMPRESSION, mtime=0)
         self._digest = hashlib.sha256()
 
