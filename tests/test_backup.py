@@ -295,6 +295,21 @@ def test_the_file_is_gzipped_json_lines_with_a_header_and_a_checked_trailer(data
     assert json.loads(lines[1]) == {"table": "accounts"}
 
 
+def test_an_import_reads_the_file_from_stdin_too(database, install, tmp_path):
+    path = tmp_path / "cairn.backup"
+    with install(database(OURS, "source")):
+        _team()
+        export(path)
+        before = _contents()
+    with install(database(OURS, "target")) as app:
+        imported = app.test_cli_runner().invoke(args=["backup", "import", "-"], input=path.read_bytes())
+        after = _contents()
+
+    assert imported.exit_code == 0, imported.output
+    after.pop("llm_calls"), before.pop("llm_calls")  # the import's embeddings are costed after
+    assert after == before
+
+
 # --- bad input ---
 
 

@@ -1,7 +1,12 @@
 """`flask backup export FILE` / `flask backup import FILE`: the whole install in one file, and back into a new
 database of either kind (a `make run` SQLite install moves to PostgreSQL this way), its search then rebuilt."""
 
+import shutil
 import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import click
 from flask.cli import AppGroup
@@ -41,6 +46,19 @@ class _Bar:
         self.close()
 
 
+@contextmanager
+def _readable(file: str) -> Iterator[str]:
+    """The file's path; stdin's copy in a temporary folder for "-" (a container reads a file of the host so)."""
+    if file != "-":
+        yield file
+        return
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "stdin.backup"
+        with click.open_file("-", "rb") as stdin, open(path, "wb") as copy:
+            shutil.copyfileobj(stdin, copy, 1 << 20)
+        yield str(path)
+
+
 def _summary(rows: dict[str, int]) -> None:
     for table, count in rows.items():
         click.echo(f"  {table}: {count:,}")
@@ -62,15 +80,18 @@ def export_command(file: str) -> None:
 
 
 @backup_cli.command("import")
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
 @click.pass_context
 def import_command(context: click.Context, file: str) -> None:
     """Load FILE, written by `flask backup export`, into this database, which must be new (`flask db upgrade`
     and nothing else), of either kind; then rebuild search as `flask memories reindex` does. The file is checked
-    whole first; anything wrong, and nothing is imported."""
+    whole first; anything wrong, and nothing is imported. FILE "-" reads it from stdin (into a temporary file)."""
     try:
-        with _Bar(lambda label: "Checking the file" if label == "Checking" else "Importing") as bar:
-            rows = restore(file, bar.step)
+        with (
+            _readable(file) as path,
+            _Bar(lambda label: "Checking" if label == "Checking" else "Importing") as bar,
+        ):
+            rows = restore(path, bar.step)
     except BackupError as error:
         raise click.ClickException(str(error)) from None
     click.echo(f"Imported {sum(rows.values()):,} rows of {len(rows)} tables from {file}:")
