@@ -129,8 +129,8 @@ def install(fake_llm):
     """install(url): an app on that database, in its context while the `with` lasts."""
 
     @contextlib.contextmanager
-    def run(url: str):
-        app = create_app(_settings(url, fake_llm.base_url))
+    def run(url: str, **settings):
+        app = create_app({**_settings(url, fake_llm.base_url), **settings})
         redis = fakeredis.FakeRedis()
         app.extensions["redis"] = redis
         app.extensions["rq_queue"] = Queue(app.config["RQ_QUEUE"], connection=redis)
@@ -308,6 +308,22 @@ def test_an_import_reads_the_file_from_stdin_too(database, install, tmp_path):
     assert imported.exit_code == 0, imported.output
     after.pop("llm_calls"), before.pop("llm_calls")  # the import's embeddings are costed after
     assert after == before
+
+
+def test_an_import_under_another_secret_key_names_the_connections_whose_keys_it_cannot_read(
+    database, install, tmp_path
+):
+    path = tmp_path / "cairn.backup"
+    with install(database(OURS, "source")):
+        _team()
+        export(path)
+    with install(database(OURS, "target"), SECRET_KEY="another") as app:
+        imported = _import(app, path)
+
+    assert imported.exit_code == 0, imported.output
+    said = " ".join(imported.output.split())
+    assert "Connections whose keys do not decrypt under this SECRET_KEY: OpenRouter." in said
+    assert "SECRET_KEY_FALLBACKS and run `flask connections rotate-key`" in said
 
 
 # --- bad input ---

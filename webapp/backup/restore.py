@@ -16,6 +16,8 @@ from alembic.util import CommandError
 from webapp.backup import BackupError, cairn_version, migrations, newest_revision, schema_revision, tables
 from webapp.backup.format import Reader, check_header, decoder, is_json
 from webapp.extensions import db
+from webapp.models import Connection
+from webapp.models.connections import SecretError
 
 BATCH = 1000  # rows inserted by one executemany
 
@@ -226,3 +228,15 @@ def _set_sequences(connection: sa.Connection) -> None:
                 f"FROM {name}"
             )
         )
+
+
+def unreadable_connections() -> list[str]:
+    """The names of the connections whose key or headers do not decrypt under this install's SECRET_KEY (and its
+    fallbacks): those of an install whose SECRET_KEY was another."""
+    names = []
+    for connection in db.session.scalars(sa.select(Connection).order_by(Connection.id)):
+        try:
+            connection.api_key, connection.headers  # noqa: B018 (decrypted to see that they can be)
+        except SecretError:
+            names.append(connection.name)
+    return names

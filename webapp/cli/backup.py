@@ -13,7 +13,7 @@ from flask.cli import AppGroup
 
 from webapp.backup import BackupError
 from webapp.backup.export import export
-from webapp.backup.restore import restore
+from webapp.backup.restore import restore, unreadable_connections
 from webapp.cli.memories import reindex
 
 backup_cli = AppGroup("backup", help="The whole install in one file, and into a new database of either kind.")
@@ -96,6 +96,13 @@ def import_command(context: click.Context, file: str) -> None:
         raise click.ClickException(str(error)) from None
     click.echo(f"Imported {sum(rows.values()):,} rows of {len(rows)} tables from {file}:")
     _summary(rows)
+    if unreadable := unreadable_connections():
+        click.echo(
+            f"Connections whose keys do not decrypt under this SECRET_KEY: {', '.join(unreadable)}. Set SECRET_KEY "
+            "to the old install's (`make run` keeps it in instance/secret_key), or put that one in "
+            "SECRET_KEY_FALLBACKS and run `flask connections rotate-key`.",
+            err=True,
+        )
     click.echo("Rebuilding search (stopped, `flask memories reindex` goes on where it stopped):")
     context.invoke(reindex, everything=False)
 
