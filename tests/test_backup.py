@@ -261,6 +261,8 @@ def test_a_teams_install_moves_whole_and_works_there(database, install, tmp_path
     assert f"Exported {sum(map(len, before.values())):,} rows of 19 tables" in exported.output
     costs, kept = after.pop("llm_calls"), before.pop("llm_calls")  # the import's embeddings are costed after
     assert after == before
+    tools_used = [row[10] for row in before["messages"]]
+    assert "SQL NULL" in tools_used and None in tools_used and ["recall"] in tools_used  # kept apart
     assert costs[: len(kept)] == kept and {row[1] for row in costs[len(kept) :]} == {"embedding"}
     assert {name for name, rows in before.items() if not rows} <= {"chat_people", "reply_sources"}
     assert "  messages: 4" in imported.output and "  agent_memories: 4" in imported.output
