@@ -107,8 +107,8 @@ class Writer:
 
 
 class Reader:
-    """The lines of a backup, parsed, checked against its trailer as they are read. `position()` is how many of
-    the file's (compressed) bytes are read, for a progress bar."""
+    """The lines of a backup, parsed, then checked against its trailer (the last one) once all are read.
+    `position()` is how many of the file's (compressed) bytes are read, for a progress bar."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
