@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -21,6 +22,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page, expect
 
+from tests import factories
 from tests.conftest import ARTIFACTS, free_port, wait_for
 from tests.fake_llm import FakeLLM
 
@@ -49,6 +51,11 @@ class Stack:
     def compose(self, *args: str, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess:
         return _compose(self.env, *args, timeout=timeout, check=check)
 
+    def env_value(self, name: str) -> str:
+        """A setting of the stack's env file."""
+        lines = Path(self.env["CAIRN_ENV_FILE"]).read_text().splitlines()
+        return dict(line.split("=", 1) for line in lines)[name]
+
     def sql(self, statement: str) -> list[list[str]]:
         """Rows of a statement run by psql in the db container."""
         out = self.compose("exec", "-T", "db", "psql", "-U", "cairn", "-d", "cairn", "-Atc", statement).stdout
@@ -76,17 +83,19 @@ class Stack:
             return None
 
 
-def _compose(env: dict[str, str], *args: str, timeout: float = 900, check: bool = True):
-    command = [
-        "docker-compose",
-        "-p",
-        PROJECT,
-        "-f",
-        str(ROOT / "compose.yaml"),
-        "--env-file",
-        env["CAIRN_ENV_FILE"],
-    ]
-    result = subprocess.run([*command, *args], env=env, capture_output=True, text=True, timeout=timeout)
+def _compose(
+    env: dict[str, str],
+    *args: str,
+    timeout: float = 900,
+    check: bool = True,
+    project: str = PROJECT,
+    stdin=None,
+):
+    files = ["-f", str(ROOT / "compose.yaml"), "--env-file", env["CAIRN_ENV_FILE"]]
+    result = subprocess.run(
+        ["docker-compose", "-p", project, *files, *args],
+        env=env, stdin=stdin, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
     if check and result.returncode:
         raise AssertionError(f"docker-compose {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
     return result
@@ -356,3 +365,73 @@ def test_down_then_up_keeps_every_chat_and_memory(stack, page: Page):
     assert stack.sql(counted) == before
     _sign_in(stack, page)
     expect(page.get_by_role("link", name="Garden").first).to_be_visible()
+
+
+SQLITE_INSTALL = """
+from tests import factories
+from webapp.factory import create_app
+
+with create_app().app_context():
+    account = factories.account("Acme")
+    ana = factories.user(account, "ana@example.com", "admin")
+    ada = factories.agent(account, "Ada")
+    chat = factories.chat(account, [ada], "Garden plans", people=[ana])
+    factories.message(chat, "I plant tulips in October.", author=ana)
+    factories.message(chat, "Noted: tulips in October.", author=ada)
+    factories.memory(ada, "Ana plants tulips in October.")
+"""
+
+
+def test_a_make_run_sqlite_install_moves_into_the_compose_postgresql(stack, tmp_path, page: Page):
+    """README, Moving to PostgreSQL: export on the old install, import into the new stack before its first start."""
+    instance = tmp_path / "instance"  # make run's SQLite file and secret key
+    host = {**os.environ, "INSTANCE_PATH": str(instance)}
+    for key in ("DATABASE_URL", "REDIS_URL", "SECRET_KEY"):
+        host.pop(key, None)
+    flask = [sys.executable, "-m", "flask", "--app", "app"]
+    subprocess.run([*flask, "db", "upgrade"], cwd=ROOT, env=host, check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-c", SQLITE_INSTALL], cwd=ROOT, env=host, check=True, capture_output=True
+    )
+    backup = tmp_path / "cairn.backup"
+    subprocess.run(
+        [*flask, "backup", "export", str(backup)], cwd=ROOT, env=host, check=True, capture_output=True
+    )
+
+    env_file = tmp_path / ".env"
+    env_file.write_text(
+        f"SECRET_KEY={(instance / 'secret_key').read_text().strip()}\n"
+        f"CAIRN_ADMIN_EMAIL={ADMIN[0]}\nCAIRN_ADMIN_PASSWORD={ADMIN[1]}\n"  # the import brings its own admins
+        f"LLM_BASE_URL={stack.env_value('LLM_BASE_URL')}\n"
+    )
+    port = free_port()
+    env = {**stack.env, "CAIRN_ENV_FILE": str(env_file), "CAIRN_PORT": str(port)}
+    moved = Stack(f"http://127.0.0.1:{port}", env, stack.fake)
+
+    def compose(*args, **kwargs):
+        return _compose(env, *args, project="cairnmove", **kwargs)
+
+    compose("down", "--volumes", "--remove-orphans")
+    try:
+        compose("up", "-d", "db")
+        with backup.open("rb") as file:
+            imported = compose(
+                "run", "--rm", "--no-deps", "-T", "web", "sh", "-c", "flask db upgrade && flask backup import -",
+                stdin=file,
+            )  # fmt: skip
+        compose("up", "-d")
+        wait_for(lambda: moved.healthz() == 200, seconds=180, what="GET /healthz of the moved install")
+        emails = compose(
+            "exec", "-T", "db", "psql", "-U", "cairn", "-d", "cairn", "-Atc", "SELECT email FROM users ORDER BY id"
+        ).stdout.split()  # fmt: skip
+
+        assert "messages: 2" in imported.stdout, imported.stdout
+        assert emails == ["ana@example.com"]  # no first admin was made: the install brought its own
+        page.goto(f"{moved.url}/login")
+        page.get_by_label("Email").fill("ana@example.com")
+        page.get_by_label("Password").fill(factories.PASSWORD)
+        page.get_by_role("button", name="Sign in").click()
+        page.get_by_role("link", name="Garden plans").first.click()
+        expect(page.locator("article.message.assistant")).to_contain_text("Noted: tulips in October.")
+    finally:
+        compose("down", "--volumes", "--remove-orphans", check=False)
