@@ -108,7 +108,8 @@ def run_migrations_online():
     with connectable.connect() as connection:
         if connection.dialect.name == "postgresql":
             # One upgrade at a time, whoever runs it (compose's migrate, a second `flask db upgrade` by hand):
-            # the next waits here, then finds the schema current. Held by this connection until it closes.
+            # the next waits here, then finds the schema current. Released below: the connection goes back to
+            # the pool, which would keep a session's lock.
             connection.exec_driver_sql(f"SELECT pg_advisory_lock({MIGRATION_LOCK})")
             connection.commit()
         if connection.dialect.name == "sqlite":
@@ -118,8 +119,14 @@ def run_migrations_online():
             connection.commit()
         context.configure(connection=connection, target_metadata=get_metadata(), **conf_args)
 
-        with context.begin_transaction():
-            context.run_migrations()
+        try:
+            with context.begin_transaction():
+                context.run_migrations()
+        finally:
+            if connection.dialect.name == "postgresql":
+                connection.rollback()  # a failed migration's transaction, so that the unlock can run
+                connection.exec_driver_sql(f"SELECT pg_advisory_unlock({MIGRATION_LOCK})")
+                connection.commit()
 
 
 if context.is_offline_mode():

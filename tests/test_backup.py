@@ -295,6 +295,32 @@ def test_the_file_is_gzipped_json_lines_with_a_header_and_a_checked_trailer(data
     assert not {"search_term_stats", "search_table_stats", "embedding_queue"} & set(rows)
     assert trailer["end"] == {"rows": rows, "sha256": hashlib.sha256(b"".join(lines[:-1])).hexdigest()}
     assert json.loads(lines[1]) == {"table": "accounts"}
+    assert path.stat().st_mode & 0o777 == 0o600  # password hashes and encrypted keys: its owner's alone
+
+
+def test_an_export_writes_to_stdout_too_and_its_counts_go_to_stderr(database, install, tmp_path):
+    with install(database(OURS, "source")) as app:
+        _team()
+        export(tmp_path / "file.backup")
+        exported = app.test_cli_runner().invoke(args=["backup", "export", "-"])
+    with install(database(OURS, "target")) as app:
+        imported = app.test_cli_runner().invoke(args=["backup", "import", "-"], input=exported.stdout_bytes)
+
+    assert exported.exit_code == 0, exported.stderr
+    assert exported.stdout_bytes[:2] == b"\x1f\x8b" and "Exported" in exported.stderr
+    assert imported.exit_code == 0 and "messages: 4" in imported.output, imported.output
+
+
+def test_an_import_that_brings_make_runs_demo_admin_with_its_demo_password_says_so(database, install, tmp_path):
+    path = tmp_path / "cairn.backup"
+    with install(database(OURS, "source")) as app:
+        assert app.test_cli_runner().invoke(args=["demo", "seed"]).exit_code == 0
+        export(path)
+    with install(database(OURS, "target")) as app:
+        imported = app.test_cli_runner().invoke(args=["backup", "import", str(path)])
+
+    assert imported.exit_code == 0, imported.stderr
+    assert "admin@cairn.local, `make run`'s demo admin, came along" in imported.stderr
 
 
 def test_an_import_reads_the_file_from_stdin_too(database, install, tmp_path):

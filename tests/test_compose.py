@@ -416,8 +416,7 @@ def test_a_make_run_sqlite_install_moves_into_the_compose_postgresql(stack, tmp_
         compose("up", "-d", "db")
         with backup.open("rb") as file:
             imported = compose(
-                "run", "--rm", "--no-deps", "-T", "web", "sh", "-c", "flask db upgrade && flask backup import -",
-                stdin=file,
+                "run", "--rm", "--no-deps", "-T", "web", "import", stdin=file,
             )  # fmt: skip
         compose("up", "-d")
         wait_for(lambda: moved.healthz() == 200, seconds=180, what="GET /healthz of the moved install")

@@ -63,6 +63,24 @@ def test_an_invited_or_removed_admin_cannot_sign_in_so_the_first_admin_is_made(a
     assert ("dana@example.com", "admin") in _admins()
 
 
+def test_a_first_admin_email_taken_by_someone_who_cannot_sign_in_is_said_and_the_stack_starts(
+    app, runner, monkeypatch
+):
+    invited = factories.user(factories.account(), "ivy@example.com", "admin")
+    invited.password_hash = "!invited"
+    factories.user(invited.account, "mo@example.com", "member")
+    db.session.commit()
+    monkeypatch.setenv("CAIRN_ADMIN_PASSWORD", PASSWORD)
+
+    for email in ("IVY@example.com", "mo@example.com"):
+        monkeypatch.setenv("CAIRN_ADMIN_EMAIL", email)
+        result = runner.invoke(args=["users", "first-admin"])
+
+        assert result.exit_code == 0, result.output  # migrate succeeds, so the stack starts
+        assert f"CAIRN_ADMIN_EMAIL {email} is a person here already" in result.output
+    assert _admins() == [("ivy@example.com", "admin"), ("mo@example.com", "member")]
+
+
 def test_without_the_variables_it_says_how_to_make_the_first_admin(app, runner, monkeypatch):
     monkeypatch.delenv("CAIRN_ADMIN_EMAIL", raising=False)
     monkeypatch.delenv("CAIRN_ADMIN_PASSWORD", raising=False)
@@ -168,7 +186,7 @@ def test_compose_restarts_every_long_running_service_and_migrates_once():
         assert services[name]["depends_on"]["migrate"] == {"condition": "service_completed_successfully"}
     assert services["migrate"]["depends_on"] == {"db": {"condition": "service_healthy"}}
     assert "container_name" not in services["worker"]  # --scale worker=N
-    assert services["web"]["ports"] == ["${CAIRN_PORT:-5000}:5000"]
+    assert services["web"]["ports"] == ["${CAIRN_BIND:-0.0.0.0}:${CAIRN_PORT:-5000}:5000"]
 
 
 def test_compose_takes_its_images_from_variables_and_keeps_the_database_in_a_named_volume():

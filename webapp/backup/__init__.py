@@ -9,6 +9,8 @@ vector indexes, which live outside the models.
 """
 
 import importlib.metadata
+import tomllib
+from pathlib import Path
 
 import sqlalchemy as sa
 from alembic.runtime.migration import MigrationContext
@@ -35,8 +37,9 @@ def tables() -> list[sa.Table]:
 def cairn_version() -> str:
     try:
         return importlib.metadata.version("cairn")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
+    except importlib.metadata.PackageNotFoundError:  # the image runs the code as it is, not installed
+        with open(Path(__file__).parents[2] / "pyproject.toml", "rb") as project:
+            return tomllib.load(project)["project"]["version"]
 
 
 def schema_revision(connection: sa.Connection) -> str | None:

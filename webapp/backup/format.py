@@ -83,7 +83,9 @@ class Writer:
         self.path = Path(path)
         self._partial = self.path.with_name(f".{self.path.name}.partial")
         try:
-            self._raw: IO[bytes] = open(self._partial, "wb")  # noqa: SIM115 (closed by finish or abandon)
+            # Read and written by its owner alone: it holds password hashes and encrypted keys.
+            descriptor = os.open(self._partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            self._raw: IO[bytes] = os.fdopen(descriptor, "wb")
         except OSError as error:
             raise BackupError(f"Cannot write {self.path}: {error.strerror}.") from None
         self._gzip = gzip.GzipFile(fileobj=self._raw, mode="wb", compresslevel=COMPRESSION, mtime=0)

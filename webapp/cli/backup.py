@@ -1,6 +1,7 @@
 """`flask backup export FILE` / `flask backup import FILE`: the whole install in one file, and back into a new
 database of either kind (a `make run` SQLite install moves to PostgreSQL this way), its search then rebuilt."""
 
+import os
 import shutil
 import sys
 import tempfile
@@ -9,12 +10,16 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import click
+import sqlalchemy as sa
 from flask.cli import AppGroup
 
 from webapp.backup import BackupError
 from webapp.backup.export import export
 from webapp.backup.restore import restore, unreadable_connections
+from webapp.cli.core import DEMO_EMAIL, DEMO_PASSWORD
 from webapp.cli.memories import reindex
+from webapp.extensions import db
+from webapp.models import User
 
 backup_cli = AppGroup("backup", help="The whole install in one file, and into a new database of either kind.")
 
@@ -59,24 +64,40 @@ def _readable(file: str) -> Iterator[str]:
         yield str(path)
 
 
-def _summary(rows: dict[str, int]) -> None:
+@contextmanager
+def _writable(file: str) -> Iterator[str]:
+    """The file's path; for "-", a temporary file copied to stdout once whole (a container's backup reaches the
+    host so)."""
+    if file != "-":
+        yield file
+        return
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "stdout.backup"
+        yield str(path)
+        with open(path, "rb") as whole, click.open_file("-", "wb") as stdout:
+            shutil.copyfileobj(whole, stdout, 1 << 20)
+
+
+def _summary(rows: dict[str, int], err: bool = False) -> None:
     for table, count in rows.items():
-        click.echo(f"  {table}: {count:,}")
+        click.echo(f"  {table}: {count:,}", err=err)
 
 
 @backup_cli.command("export")
-@click.argument("file", type=click.Path(dir_okay=False, writable=True))
+@click.argument("file", type=click.Path(dir_okay=False, writable=True, allow_dash=True))
 def export_command(file: str) -> None:
     """Write the whole install to FILE: accounts, people (with their password hashes), agents, chats, messages,
     memories, proposals, audit, sign-ins, connections (keys still encrypted under SECRET_KEY), API keys' hashes,
-    job runs and costs. Read in one snapshot, so people may go on chatting meanwhile."""
+    job runs and costs. Read in one snapshot, so people may go on chatting meanwhile. FILE "-" writes it to
+    stdout (`docker compose exec -T web flask backup export - > cairn.backup`); only its owner may read it."""
+    to_stdout = file == "-"
     try:
-        with _Bar(lambda _table: "Exporting rows") as bar:
-            rows = export(file, bar.step)
+        with _writable(file) as path, _Bar(lambda _table: "Exporting rows") as bar:
+            rows = export(path, bar.step)
     except BackupError as error:
         raise click.ClickException(str(error)) from None
-    click.echo(f"Exported {sum(rows.values()):,} rows of {len(rows)} tables to {file}:")
-    _summary(rows)
+    click.echo(f"Exported {sum(rows.values()):,} rows of {len(rows)} tables to {file}:", err=to_stdout)
+    _summary(rows, err=to_stdout)
 
 
 @backup_cli.command("import")
@@ -103,8 +124,20 @@ def import_command(context: click.Context, file: str) -> None:
             "SECRET_KEY_FALLBACKS and run `flask connections rotate-key`.",
             err=True,
         )
+    if _demo_admin_signs_in():
+        click.echo(
+            f"{DEMO_EMAIL}, `make run`'s demo admin, came along and signs in with the demo password: once another "
+            f"admin can sign in, remove it (`flask users remove {DEMO_EMAIL}`) or change its password on its "
+            "Account page.",
+            err=True,
+        )
     click.echo("Rebuilding search (stopped, `flask memories reindex` goes on where it stopped):")
     context.invoke(reindex, everything=False)
+
+
+def _demo_admin_signs_in() -> bool:
+    demo = db.session.scalar(sa.select(User).where(User.email == DEMO_EMAIL, User.removed_at.is_(None)))
+    return demo is not None and demo.check_password(os.environ.get("DEMO_PASSWORD", DEMO_PASSWORD))
 
 
 COMMANDS = [backup_cli]

@@ -23,6 +23,7 @@ jobs_cli = AppGroup("jobs", help="Run background jobs on demand.")
 demo_cli = AppGroup("demo", help="Demo data for a first run.")
 
 DEMO_EMAIL = "admin@cairn.local"
+DEMO_PASSWORD = "cairn-demo"  # unless DEMO_PASSWORD is set
 DEMO_AGENTS = [
     (
         "Ada",
@@ -107,6 +108,12 @@ def users_first_admin() -> None:
             "or run `flask users create EMAIL --admin`."
         )
         return
+    if db.session.scalar(sa.select(User.id).where(User.email == email.strip().lower())):
+        click.echo(
+            f"CAIRN_ADMIN_EMAIL {email} is a person here already (invited, removed or a member), so "
+            "no first admin was made: name another, or run `flask users create EMAIL --admin`."
+        )
+        return
     _create_user(email, password, admin=True, account_name=None)
 
 
@@ -169,7 +176,7 @@ def _account(name: str | None) -> Account:
 @demo_cli.command("seed")
 def demo_seed() -> None:
     """Create a demo admin and two demo agents, unless users already exist."""
-    password = os.environ.get("DEMO_PASSWORD", "cairn-demo")
+    password = os.environ.get("DEMO_PASSWORD", DEMO_PASSWORD)
     if db.session.scalar(sa.select(sa.func.count()).select_from(User)):
         click.echo("Users exist already; no demo data added.")
         return
