@@ -311,7 +311,9 @@ def test_an_export_writes_to_stdout_too_and_its_counts_go_to_stderr(database, in
     assert imported.exit_code == 0 and "messages: 4" in imported.output, imported.output
 
 
-def test_an_import_that_brings_make_runs_demo_admin_with_its_demo_password_says_so(database, install, tmp_path):
+def test_an_import_that_brings_make_runs_demo_admin_with_its_demo_password_says_so(
+    database, install, tmp_path
+):
     path = tmp_path / "cairn.backup"
     with install(database(OURS, "source")) as app:
         assert app.test_cli_runner().invoke(args=["demo", "seed"]).exit_code == 0
