@@ -13,6 +13,7 @@ from webapp.models.memory_changes import ProposedChange
 from webapp.models.proposals import MemoryProposal
 from webapp.models.runs import JobRun, LlmCall
 from webapp.models.search import EmbeddingQueue, SearchTableStats, SearchTermStats
+from webapp.models.tool_servers import ToolServer
 
 __all__ = [
     "Account",
@@ -35,6 +36,7 @@ __all__ = [
     "ReplySources",
     "SearchTableStats",
     "SearchTermStats",
+    "ToolServer",
     "User",
     "UserSession",
 ]
