@@ -21,7 +21,7 @@ from webapp.prompting.build import PromptTooLarge, build_prompt, fit_to_budget, 
 from webapp.prompting.window import text_tokens
 from webapp.timeutil import utcnow
 from webapp.tokens import count_tokens
-from webapp.tools import ToolContext, reply_tools, schemas_for
+from webapp.tools import REGISTRY, ToolContext, reply_tools, schemas_for
 from webapp.tools.save_memory import save_memory
 
 
@@ -200,7 +200,7 @@ def test_with_the_local_defaults_a_huge_memory_and_a_long_chat_fit_the_local_win
 
     prompt = build_prompt(chat, ada)
 
-    tools = schemas_for(reply_tools(ada))
+    tools = schemas_for(reply_tools(ada).tools.values())
     sent = _as_the_local_server_sees_it(prompt.messages, tools)
     assert sent + prompt.target.answer_room() <= config.LOCAL_MODEL_CONTEXT_TOKENS
     assert (
@@ -213,7 +213,7 @@ def test_with_the_local_defaults_a_huge_memory_and_a_long_chat_fit_the_local_win
 
 
 def test_the_check_counts_the_tool_schemas_sent_with_the_messages(app):
-    tools = schemas_for(["save_memory", "recall", "borrow_context"])
+    tools = schemas_for(REGISTRY[name] for name in ["save_memory", "recall", "borrow_context"])
     messages = [
         {"role": "system", "content": "You are Ada."},
         {"role": "user", "content": "old " * 3000},

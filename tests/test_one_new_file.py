@@ -88,16 +88,16 @@ def test_a_new_tool_is_one_new_file(tmp_path, client, signed_in):
             chat = factories.chat(signed_in.account, [ada])
             asked = factories.message(chat, "Is it raining?", author=signed_in)
             form = client.get("/agents/new").text
-            offered = tools.reply_tools(ada)
-            schemas = [schema["function"]["name"] for schema in tools.schemas_for(offered)]
+            offered = tools.reply_tools(ada).tools
+            schemas = [schema["function"]["name"] for schema in tools.schemas_for(offered.values())]
             call = ToolCall("call-1", "throwaway_weather", '{"town": "Leeds"}')
             outcome = tools.run_tool_call(call, tools.ToolContext(ada, chat, asked), offered)
     finally:
         tools.discover()
 
     assert 'value="throwaway_weather"' in form  # listed: an agent may enable it
-    assert offered == ["save_memory", "throwaway_weather"]  # offered to the agent that enabled it
-    assert schemas == offered
+    assert list(offered) == ["save_memory", "throwaway_weather"]  # offered to the agent that enabled it
+    assert schemas == list(offered)
     assert outcome.result == {"town": "Leeds", "degrees": 21}
     assert "throwaway_weather" not in tools.REGISTRY  # gone with its file
 

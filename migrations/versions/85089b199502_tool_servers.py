@@ -1,4 +1,4 @@
-"""tool servers
+"""tool_servers: MCP servers an account adds as tool sources for its agents (issue 41)
 
 Revision ID: 85089b199502
 Revises: e2a4c6e8f0b2
@@ -7,6 +7,7 @@ Create Date: 2026-11-29 09:12:14.880714
 """
 from alembic import op
 import sqlalchemy as sa
+from sqlalchemy import Text
 from sqlalchemy.dialects import postgresql
 
 # revision identifiers, used by Alembic.

@@ -250,6 +250,11 @@ _STEP = {
                 "memory_type": {"enum": list(MEMORY_TYPES)},
                 "memory": _nullable({"$ref": "#/$defs/memory_ref"}),
                 "chat": _nullable({"$ref": "#/$defs/chat_ref"}),
+                # A tool of a tool server (MCP): which, what the model asked it and what it answered (cut).
+                "server": {"type": "string", "maxLength": 24},
+                "server_tool": {"type": "string", "maxLength": 200},
+                "arguments": {"type": "object"},
+                "result": _TEXT,
             },
         },
     ]

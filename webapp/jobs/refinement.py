@@ -275,13 +275,13 @@ def _listed_refusals(refused: list[ProposedChange]) -> list[dict[str, Any]]:
 def _tool_loop(session: RefinementSession, prompt: str, max_turns: int) -> int:
     """Model turns of one pass with the refinement tool until it completes, the session is rolled back or the
     pass's turns run out; how many turns it took. A model error closes the session."""
-    offered, target = [TOOL.name], targets.for_background(session.agent)
+    offered, target = {TOOL.name: TOOL}, targets.for_background(session.agent)
     try:
         transcript = run_tool_loop(
             target,
             [{"role": "user", "content": prompt}],
             purpose="refine",
-            tools=schemas_for(offered),
+            tools=schemas_for(offered.values()),
             run_call=lambda call, _transcript: run_tool_call(call, session, offered).result,
             max_turns=max_turns,
             agent_id=session.agent.id,

@@ -15,7 +15,7 @@ from webapp.jobs.refinement import trigger_if_over_budget
 from webapp.llm.tool_loop import Transcript, run_tool_loop
 from webapp.models import Message
 from webapp.prompting.build import Prompt, fit_to_budget
-from webapp.tools import ToolContext, reply_tools, run_tool_call, schemas_for
+from webapp.tools import ToolContext, run_tool_call, schemas_for
 from webapp.tools import steps as tool_steps
 
 log = logging.getLogger(__name__)
@@ -50,21 +50,24 @@ def stream_tool_loop(message: Message, prompt: Prompt) -> tuple[str, int, int]:
     then as a chip saying what it did (message.tools_used). Stop raises ReplyStopped with the text so far.
     """
     chat, agent = message.chat, message.agent
-    offered = reply_tools(agent)
+    offered = prompt.tools.tools
     context = ToolContext(agent=agent, chat=chat, message=message)
-    steps: list[dict[str, Any]] = []
+    steps: list[dict[str, Any]] = list(prompt.tools.unavailable)  # "time is down: … without its tools"
+    if steps:
+        _show_progress(message, "", steps)
 
     def run_call(call: llm.ToolCall, transcript: Transcript) -> dict[str, Any]:
         try:
             arguments = call.parsed_arguments()
         except ValueError:
             arguments = {}
-        steps.append(tool_steps.running(call.name, arguments, chat))
+        tool = offered.get(call.name)
+        steps.append(tool_steps.running(call.name, arguments, chat, tool))
         _show_progress(message, transcript.text, steps)
         outcome = run_tool_call(call, context, offered)
         if outcome.result.get("saved"):  # save_memory added a memory: it may have gone over budget
             trigger_if_over_budget(agent)
-        steps[-1] = tool_steps.finished(call.name, arguments, outcome.result, chat)
+        steps[-1] = tool_steps.finished(call.name, arguments, outcome.result, chat, tool)
         _show_progress(message, transcript.text, steps)
         return outcome.result
 
@@ -72,7 +75,7 @@ def stream_tool_loop(message: Message, prompt: Prompt) -> tuple[str, int, int]:
         prompt.target,
         prompt.messages,
         purpose="reply",
-        tools=schemas_for(offered),
+        tools=schemas_for(offered.values()),
         run_call=run_call,
         max_turns=current_app.config["REPLY_MAX_TOOL_TURNS"],
         agent_id=agent.id,

@@ -27,7 +27,7 @@ from webapp.prompting import render
 from webapp.prompting.window import prompt_tokens, text_tokens
 from webapp.search.terms import terms
 from webapp.timeutil import utcnow
-from webapp.tools import reply_tools, schemas_for
+from webapp.tools import ReplyTools, reply_tools, schemas_for
 
 TRUNCATION_NOTE = "(Earlier messages of this conversation are not shown; only the most recent ones fit.)"
 
@@ -71,6 +71,8 @@ class Prompt:
     # The staged borrowed context this prompt included; the reply clears exactly this once it succeeds.
     borrowed_context: dict[str, Any] | None = None
     sources: Sources = field(default_factory=Sources)
+    # The tools it offers (the request's schemas are counted in its budget), and those left out, as steps.
+    tools: ReplyTools = field(default_factory=lambda: ReplyTools({}, []))
 
 
 def build_prompt(chat: Chat, agent: Agent, *, before_message_id: int | None = None) -> Prompt:
@@ -104,8 +106,9 @@ def build_prompt(chat: Chat, agent: Agent, *, before_message_id: int | None = No
         summary_chat_ids=[s.chat_id for s in summaries],
         borrowed_chat_id=public_ids.decode(borrowed["source_conversation_id"]) if borrowed_section else None,
     )
-    fit_to_budget(target, messages, schemas_for(reply_tools(agent)))
-    return Prompt(messages, target, borrowed if borrowed_section else None, sources)
+    tools = reply_tools(agent)
+    fit_to_budget(target, messages, schemas_for(tools.tools.values()))
+    return Prompt(messages, target, borrowed if borrowed_section else None, sources, tools)
 
 
 def memory_budget(target: ModelTarget, agent: Agent) -> int:

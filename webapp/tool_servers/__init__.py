@@ -20,7 +20,7 @@ import jsonschema
 import sqlalchemy as sa
 
 from webapp.extensions import db
-from webapp.models import Agent, Chat
+from webapp.models import Agent
 from webapp.models.tool_servers import ToolServer, is_offered_name, offered_name
 from webapp.timeutil import utcnow
 from webapp.tool_servers.client import POOL, CallTimedOut, ServerDown, Spec
@@ -141,6 +141,7 @@ def _registry_tool(server: ToolServer, listed: dict[str, Any]) -> Tool:
         chip=lambda arguments, result, _chat: {
             "chip": f"{server_name}: {cut(result.get('result', ''))}",
             "server": server_name,
+            "server_tool": tool_name,
             "arguments": arguments,
             "result": result.get("result", ""),
         },
@@ -180,7 +181,9 @@ def _text_of(answer: Any) -> str:
         if text is not None:
             parts.append(text)
         else:
-            parts.append(f"[{getattr(block, 'type', 'content')} {getattr(block, 'mime_type', '') or ''}]".strip())
+            parts.append(
+                f"[{getattr(block, 'type', 'content')} {getattr(block, 'mime_type', '') or ''}]".strip()
+            )
     if not parts and answer.structured_content is not None:
         parts.append(json.dumps(answer.structured_content, ensure_ascii=False))
     return "\n".join(parts)
@@ -202,11 +205,11 @@ def _scrubbed(text: str, server: ToolServer) -> str:
     return text
 
 
-def down_notice(servers: list[ToolServer], chat: Chat) -> list[dict[str, Any]]:
+def down_notice(servers: list[ToolServer]) -> list[dict[str, Any]]:
     """The steps a reply shows for tools left out: "time is down: answering without its tools"."""
     return [
         {
-            "tool": f"{server.name}__",
+            "tool": server.name,
             "state": "failed",
             "chip": f"{server.name} is down, so this reply is without its tools: {cut(server.status_error or '')}",
         }

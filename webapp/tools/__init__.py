@@ -9,7 +9,7 @@ are not JSON or do not fit the schema) get an error result the model can read an
 
 import importlib
 import pkgutil
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +49,7 @@ __all__ = [
     "REGISTRY",
     "REPLY_TOOLS",
     "RefinementSession",
+    "ReplyTools",
     "Tool",
     "ToolContext",
     "ToolOutcome",
@@ -58,14 +59,28 @@ __all__ = [
 ]
 
 
-def reply_tools(agent: Agent) -> list[str]:
-    """The tools the agent's replies offer: the reply tools enabled for it, in registry order."""
-    return [name for name in REPLY_TOOLS if name in (agent.enabled_tools or [])]
+@dataclass
+class ReplyTools:
+    """What a reply offers: tools by name; and a step for each tool server left out because it is down."""
+
+    tools: dict[str, Tool]
+    unavailable: list[dict[str, Any]]
 
 
-def schemas_for(names: Sequence[str]) -> list[dict[str, Any]]:
-    """The OpenAI `tools` list for the named (offered) tools, in registry order."""
-    return [tool.schema() for name, tool in REGISTRY.items() if name in names]
+def reply_tools(agent: Agent) -> ReplyTools:
+    """The tools the agent's replies offer: the built-in reply tools enabled for it, in registry order, then its
+    enabled tools of the account's tool servers (MCP) whose server is not down (webapp.tool_servers)."""
+    from webapp.tool_servers import down_notice, offered_tools  # it builds on this package's Tool
+
+    enabled = agent.enabled_tools or []
+    built_in = {name: tool for name, tool in REPLY_TOOLS.items() if name in enabled}
+    served, down = offered_tools(agent)
+    return ReplyTools(built_in | served, down_notice(down))
+
+
+def schemas_for(tools: Iterable[Tool]) -> list[dict[str, Any]]:
+    """The OpenAI `tools` list for the offered tools, in their order."""
+    return [tool.schema() for tool in tools]
 
 
 @dataclass
@@ -79,13 +94,13 @@ class ToolOutcome:
 
 
 def run_tool_call(
-    call: ToolCall, context: ToolContext | RefinementSession, offered: Sequence[str]
+    call: ToolCall, context: ToolContext | RefinementSession, offered: Mapping[str, Tool]
 ) -> ToolOutcome:
     """Validate and run one call of an offered tool in its context (a reply's, or a refinement session);
     every failure becomes an error result."""
-    tool = REGISTRY.get(call.name)
-    if tool is None or call.name not in offered:
-        available = ", ".join(sorted(n for n in offered if n in REGISTRY)) or "none"
+    tool = offered.get(call.name)
+    if tool is None:
+        available = ", ".join(sorted(offered)) or "none"
         return ToolOutcome(
             call.name, {"error": f"You have no tool named {call.name!r}. Available: {available}."}
         )

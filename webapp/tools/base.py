@@ -30,6 +30,7 @@ class Tool:
     label: Callable[[dict[str, Any], Chat], str] | None = None
     chip: Callable[[dict[str, Any], dict[str, Any], Chat], dict[str, Any]] | None = None
     failure: str | None = None  # "save a memory": "Could not save a memory: …"
+    names_a_chat: bool = False  # its step may name another conversation (shown only to who may read it)
 
     def schema(self) -> dict[str, Any]:
         return {

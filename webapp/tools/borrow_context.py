@@ -116,4 +116,5 @@ TOOL = Tool(
     label=_label,
     chip=_chip,
     failure="read that conversation",
+    names_a_chat=True,
 )

@@ -9,22 +9,25 @@ from typing import Any
 
 from webapp.models import Chat
 from webapp.tools import REGISTRY
-from webapp.tools.base import cut
+from webapp.tools.base import Tool, cut
 from webapp.tools.borrow_context import UNNAMED_CHIP, UNNAMED_LABEL
 
 __all__ = ["UNNAMED_CHIP", "finished", "may_name_a_chat", "running", "unnamed"]
 
 
-def running(name: str, arguments: dict[str, Any], chat: Chat) -> dict[str, Any]:
-    """The step shown in `chat` while the tool runs."""
-    tool = REGISTRY.get(name)
+def running(name: str, arguments: dict[str, Any], chat: Chat, tool: Tool | None = None) -> dict[str, Any]:
+    """The step shown in `chat` while the tool runs (`tool`: the one offered by that name, a tool server's
+    among them; by default the registry's)."""
+    tool = tool or REGISTRY.get(name)
     label = tool.label(arguments, chat) if tool and tool.label else f"Using {name.replace('_', ' ')}…"
     return {"tool": name, "state": "running", "label": label}
 
 
-def finished(name: str, arguments: dict[str, Any], result: dict[str, Any], chat: Chat) -> dict[str, Any]:
+def finished(
+    name: str, arguments: dict[str, Any], result: dict[str, Any], chat: Chat, tool: Tool | None = None
+) -> dict[str, Any]:
     """The chip shown in `chat` once the tool returned `result`."""
-    tool = REGISTRY.get(name)
+    tool = tool or REGISTRY.get(name)
     if "error" in result:
         failure = tool.failure if tool and tool.failure else name
         return {"tool": name, "state": "failed", "chip": f"Could not {failure}: {cut(result['error'])}"}
@@ -34,8 +37,10 @@ def finished(name: str, arguments: dict[str, Any], result: dict[str, Any], chat:
 
 
 def may_name_a_chat(step: dict[str, Any]) -> bool:
-    """Whether the step's text may hold another conversation's title: a borrow_context step that did not fail."""
-    return step.get("tool") == "borrow_context" and step.get("state") != "failed"
+    """Whether the step's text may hold another conversation's title: a step of a tool that says it may
+    (Tool.names_a_chat: borrow_context) that did not fail."""
+    tool = REGISTRY.get(step.get("tool") or "")
+    return tool is not None and tool.names_a_chat and step.get("state") != "failed"
 
 
 def unnamed(step: dict[str, Any]) -> dict[str, Any]:

@@ -42,6 +42,7 @@ from webapp.models.agents import (
     SYSTEM_PROMPT_MAX_CHARS,
 )
 from webapp.models.connections import ENVIRONMENT
+from webapp.models.tool_servers import account_tool_servers
 from webapp.tools import REPLY_TOOLS
 from webapp.web import guards, model_picker
 from webapp.web.auth import admin_required, owned_or_404
@@ -105,7 +106,7 @@ class AgentForm(FlaskForm):
         self.enabled_tools.choices = [
             (name, TOOL_LABELS.get(name, f"{name}: {tool.description.split('. ')[0]}."))
             for name, tool in REPLY_TOOLS.items()
-        ]
+        ] + _server_tool_choices(current_user.account_id)
         self.model_groups = model_picker.groups(current_user.account_id)
         self.model_choice.choices = model_picker.choices(self.model_groups)
         if not self.is_submitted():
@@ -269,6 +270,20 @@ def export(agent_id: int) -> ResponseReturnValue:
     )
 
 
+def _server_tool_choices(account_id: int) -> list[tuple[str, str]]:
+    """Each tool of the account's tool servers (Tools page) that can be offered, by its offered name; off until
+    an admin turns it on for an agent."""
+    return [
+        (tool["offered_name"], f"{server.name}: {tool['name']} (a tool server's): {_first_sentence(tool)}")
+        for server in account_tool_servers(account_id)
+        for tool in server.usable_tools
+    ]
+
+
+def _first_sentence(tool: dict) -> str:
+    return (tool["description"] or "no description").split(". ")[0].rstrip(".")[:160] + "."
+
+
 @bp.route("/new", methods=["GET", "POST"])
 @admin_required
 def new() -> ResponseReturnValue:
@@ -310,7 +325,8 @@ def _save(form: AgentForm, agent: Agent) -> None:
     agent.name = form.name.data.strip()
     agent.system_prompt = (form.system_prompt.data or "").strip()
     agent.connection_id, agent.model_id = form.picked.connection_id, form.picked.model
-    agent.enabled_tools = [name for name in form.enabled_tools.data if name in REPLY_TOOLS]
+    offered = {name for name, _label in form.enabled_tools.choices}
+    agent.enabled_tools = [name for name in form.enabled_tools.data if name in offered]
     agent.core_token_budget = form.core_token_budget.data
     agent.memory_token_budget = form.memory_token_budget.data
     agent.members_see_memory = form.members_see_memory.data
