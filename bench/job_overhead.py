@@ -13,7 +13,8 @@ counts as the job's own work). Then where that own time goes, step by step, as t
 
 By default a message's embedding runs beside its reply in the same worker, as when people write; --alone asks
 each reply once that and the previous reply's background work are done. The agent is new (no memory, so its
-prompt has nothing to rank and skips the search) unless --memories gives it some. The host's speed drifts: compare two
+prompt has nothing to rank and skips the search) unless --memories gives it some; --server-tools N enables N tools
+of a tool server on it, which the model never calls (what offering them costs). The host's speed drifts: compare two
 commits by running them alternately in one session, never with figures from another day.
 """
 
@@ -31,10 +32,10 @@ from redis import Redis
 
 from bench.load_stack import _migrated_app, _wait, database_url, percentile, seed_users
 from tests.fake_llm import FakeLLM
-from webapp import tokens
+from webapp import tokens, tool_servers
 from webapp.extensions import db
 from webapp.jobs.replies import request_replies
-from webapp.models import AgentMemory, Chat, JobRun, LlmCall, Message
+from webapp.models import AgentMemory, Chat, JobRun, LlmCall, Message, ToolServer
 from webapp.runtime.processes import redis_server_argv
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -138,6 +139,29 @@ def _remember(chat_id: int, count: int) -> None:
     db.session.commit()
     _settle()
     print(f"\nthe agent has {count} core memories, which each prompt ranks")
+
+
+def _with_server_tools(chat_id: int, count: int) -> None:
+    """Enable `count` tools of a tool server (tests/mcp_tool_server.py over stdio) on the chat's agent, which the
+    model never calls (--server-tools): what offering them costs a reply."""
+    if not count:
+        return
+    agent = db.session.get(Chat, chat_id).agents[0]
+    server = ToolServer(
+        account_id=agent.account_id,
+        name="bench",
+        kind="stdio",
+        command=sys.executable,
+        arguments=[str(ROOT / "tests" / "mcp_tool_server.py"), "stdio"],
+    )
+    db.session.add(server)
+    db.session.flush()
+    if problem := tool_servers.refresh(server):
+        raise SystemExit(f"The bench's tool server did not list its tools: {problem}")
+    names = [tool["offered_name"] for tool in server.usable_tools if tool["name"] != "hang"][:count]
+    agent.enabled_tools = [*agent.enabled_tools, *names]
+    db.session.commit()
+    print(f"\nthe agent has {len(names)} tools of a tool server enabled, which the model never calls")
 
 
 def _model_ms(run_id: int) -> float:
@@ -249,6 +273,12 @@ def main() -> None:
         "and its prompt skips the search)",
     )
     parser.add_argument(
+        "--server-tools",
+        type=int,
+        default=0,
+        help="enable this many tools of a tool server (MCP, over stdio) on the agent, never called",
+    )
+    parser.add_argument(
         "--statements", action="store_true", help="print the SQL statements of the last reply"
     )
     args = parser.parse_args()
@@ -277,6 +307,7 @@ def main() -> None:
                 processes.append(subprocess.Popen(worker, cwd=ROOT, env=worker_env, stdout=log, stderr=log))
                 [(_, chat_id)] = seed_users(1, "overhead")
                 _remember(chat_id, args.memories)
+                _with_server_tools(chat_id, args.server_tools)
                 replies(chat_id, args.replies, timings, alone=args.alone, statements=args.statements)
                 db.session.remove()
                 db.engine.dispose()
