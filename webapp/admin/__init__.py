@@ -1,7 +1,7 @@
 """The admin area: one blueprint under /admin, its pages one module each and common.py what they share.
 
 Each agent's memory ledger, the audit log, refinement sessions and their proposals for review, provenance, run
-now, and the usage and jobs pages."""
+now, the usage and jobs pages, and the tool servers (Tools)."""
 
 from webapp.admin import (  # noqa: F401  (their routes join bp)
     audit,
@@ -12,6 +12,7 @@ from webapp.admin import (  # noqa: F401  (their routes join bp)
     provenance,
     runs,
     sessions,
+    tool_servers,
     usage,
 )
 from webapp.admin.common import bp
