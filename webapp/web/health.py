@@ -1,6 +1,7 @@
 """GET /healthz: the state of every component (webapp.runtime.health's probes), the banner naming a part that is down.
-Admins also see how search finds (words and meaning, or words only and why) and whether any agent's drift alarm is
-on and why (issue 23), which never make it 503.
+Admins also see how search finds (words and meaning, or words only and why), whether any agent's drift alarm is
+on and why (issue 23), and each tool server's health as its last call or test found it (issue 41), which never
+make it 503.
 
 The report is taken at most once per CACHE_SECONDS per web process (so no visitor can make Cairn call the model
 endpoint on every request); anyone gets a plain status with 200 or 503 (for load balancers), signed-in admins
@@ -26,6 +27,7 @@ from webapp.models.connections import AnyConnection
 from webapp.models.drift import drifts
 from webapp.models.proposals import pending_count
 from webapp.models.search import EmbeddingQueue
+from webapp.models.tool_servers import ToolServer, account_tool_servers
 from webapp.runtime.health import PROBES, Check, check_database, first_line, probe_connection
 from webapp.search import embedder
 from webapp.timeutil import utcnow
@@ -159,6 +161,21 @@ def check_memory() -> Check:
     return Check(True, f"no drift alarm; {review}")
 
 
+def tool_server_checks(account_id: int) -> dict[str, Check]:
+    """Each tool server of the account by its name, as its last call or test found it (none is started here)."""
+    return {server.name: _tool_server_check(server) for server in account_tool_servers(account_id)}
+
+
+def _tool_server_check(server: ToolServer) -> Check:
+    if server.checked_at is None:
+        return Check(False, "not checked yet")
+    when = f"checked {server.checked_at:%Y-%m-%d %H:%M} UTC"
+    if server.status == "ok":
+        count = len(server.usable_tools)
+        return Check(True, f"up: {count} tool{'' if count == 1 else 's'} offered ({when})")
+    return Check(False, f"down: {server.status_error} ({when})")
+
+
 def _take_report() -> dict[str, Check]:
     checks = {}
     for name, probe in PROBES.items():
@@ -246,6 +263,8 @@ def healthz() -> ResponseReturnValue:
         checks["memory"] = check_memory()  # after the status too: an alarm stages changes, nothing is down
         # each connection the account's agents use, by name: one that is down stops only its own agents
         body["connections"] = {k: asdict(v) for k, v in connections_in_use(current_user.account_id).items()}
+        # each tool server of the account, by name: one that is down leaves only its tools out of replies
+        body["tool_servers"] = {k: asdict(v) for k, v in tool_server_checks(current_user.account_id).items()}
         body["checks"] = {k: asdict(v) for k, v in checks.items()}
     return jsonify(body), 200 if ok else 503
 
