@@ -218,6 +218,10 @@ def _words(error: BaseException | None) -> str:
         return f"Its address could not be reached ({type(error).__name__})."
     if isinstance(error, anyio.EndOfStream | anyio.ClosedResourceError | anyio.BrokenResourceError):
         return "It stopped before answering (its process ended or it hung up)."
+    if isinstance(error, MCPError) and error.code == CONNECTION_CLOSED:
+        return "It stopped before answering (its process ended or it hung up)."
+    if isinstance(error, MCPError) and error.error.message == "Server returned an error response":
+        return "Its address answered with an HTTP error: is it an MCP endpoint, and are its headers right?"
     if isinstance(error, MCPError):
         return f"It refused: {error.error.message}"
     return f"It failed: {type(error).__name__}: {error}" if error else "It failed."
