@@ -38,6 +38,7 @@ from webapp.models import (
     MemoryProposal,
     Message,
     ProposedChange,
+    ToolServer,
     User,
 )
 from webapp.models import connections as connection_rows
@@ -189,6 +190,9 @@ def _team() -> dict:
     key, secret = ApiKey.issue(milo, "Open WebUI")
     run = factories.job_run(acme, "reply", args=[1, "two", None], counts={"tokens": 12})
     factories.llm_call(ada, chat_id=private.id, job_run_id=run.id, connection_id=openrouter.id)
+    clock = ToolServer(account_id=acme.id, name="time", kind="stdio", command="mcp-server-time", tools=[])
+    clock.secrets = {"TZ_TOKEN": "tz-secret-1"}  # kept encrypted, as connections' keys are
+    db.session.add(clock)
     db.session.commit()
     return {"secret": secret, "key": key.id, "ada": ada.id, "milo": milo.id, "connection": openrouter.id}
 
@@ -258,7 +262,10 @@ def test_a_teams_install_moves_whole_and_works_there(database, install, tmp_path
         found_again = _recalled(team["ada"], "black spot on the roses")
 
     assert exported.exit_code == 0, exported.output
-    assert f"Exported {sum(map(len, before.values())):,} rows of 19 tables" in exported.output
+    assert (
+        f"Exported {sum(map(len, before.values())):,} rows of {len(backup.tables())} tables"
+        in exported.output
+    )
     costs, kept = after.pop("llm_calls"), before.pop("llm_calls")  # the import's embeddings are costed after
     assert after == before
     tools_used = [row[10] for row in before["messages"]]

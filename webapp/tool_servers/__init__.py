@@ -1,9 +1,9 @@
 """Tool servers (MCP) as tool sources: what each lists, its health, and a call of one of its tools in a reply.
 
 Admins add a server (webapp.admin.tool_servers, `flask tools`); `refresh` asks it for its tools and keeps them
-on its row, so replies never ask. An agent's form offers each listed tool, off by default; `offered_tools` turns
-the agent's enabled ones into registry tools (webapp.tools.base.Tool) named `server__tool`, which the reply's
-tool loop offers and runs beside the memory tools. Memory jobs never offer them.
+on its row, so replies never ask. An agent's form offers each listed tool, off by default; webapp.tools.from_servers
+turns the agent's enabled ones into registry tools named `server__tool`, which the reply's tool loop offers and
+runs beside the memory tools (`call` here). Memory jobs never offer them.
 
 A call ends at the server's timeout; its result is cut to RESULT_CHARS with a note; a failure goes back to the
 model as the tool's error, and the server is marked down, so the next replies leave its tools out (and say so)
@@ -17,14 +17,11 @@ from datetime import timedelta
 from typing import Any
 
 import jsonschema
-import sqlalchemy as sa
 
 from webapp.extensions import db
-from webapp.models import Agent
-from webapp.models.tool_servers import ToolServer, is_offered_name, offered_name
+from webapp.models.tool_servers import ToolServer, offered_name
 from webapp.timeutil import utcnow
 from webapp.tool_servers.client import POOL, CallTimedOut, ServerDown, Spec
-from webapp.tools.base import Tool, ToolContext, cut
 
 log = logging.getLogger(__name__)
 RESULT_CHARS = 16_000  # what a tool's result may bring into the prompt (about 4,000 tokens)
@@ -79,7 +76,7 @@ def _schema_problem(schema: dict[str, Any] | None) -> str | None:
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as error:
-        return f"Its input schema is not valid JSON Schema: {cut(error.message)}"
+        return f"Its input schema is not valid JSON Schema: {error.message[:200]}"
     if schema.get("type", "object") != "object":
         return "Its input schema does not describe an object of arguments."
     return None
@@ -102,51 +99,6 @@ def is_resting(server: ToolServer) -> bool:
     """Found down within DOWN_SECONDS: replies leave its tools out."""
     recent = server.checked_at is not None and server.checked_at > utcnow() - timedelta(seconds=DOWN_SECONDS)
     return server.status == "down" and recent
-
-
-# --- in a reply ---
-
-
-def offered_tools(agent: Agent) -> tuple[dict[str, Tool], list[ToolServer]]:
-    """The agent's enabled tools of its account's servers, as registry tools by offered name; and the servers
-    whose enabled tools are left out because they are down (the chat says so). One query, and none for an agent
-    with no such tool enabled."""
-    wanted = {name for name in agent.enabled_tools or [] if is_offered_name(name)}
-    if not wanted:
-        return {}, []
-    prefixes = {name.split("__", 1)[0] for name in wanted}
-    servers = db.session.scalars(
-        sa.select(ToolServer).where(ToolServer.account_id == agent.account_id, ToolServer.name.in_(prefixes))
-    ).all()
-    tools: dict[str, Tool] = {}
-    resting = []
-    for server in servers:
-        enabled = [tool for tool in server.usable_tools if tool["offered_name"] in wanted]
-        if enabled and is_resting(server):
-            resting.append(server)
-            continue
-        tools.update((tool["offered_name"], _registry_tool(server, tool)) for tool in enabled)
-    return tools, resting
-
-
-def _registry_tool(server: ToolServer, listed: dict[str, Any]) -> Tool:
-    server_id, server_name, tool_name = server.id, server.name, listed["name"]
-    words = tool_name.replace("_", " ")
-    return Tool(
-        name=listed["offered_name"],
-        description=listed["description"] or f"{tool_name}, a tool of {server_name}",
-        parameters=listed["input_schema"],
-        run=lambda context, **arguments: call(server_id, tool_name, arguments),
-        label=lambda _arguments, _chat: f"Using {server_name}: {words}…",
-        chip=lambda arguments, result, _chat: {
-            "chip": f"{server_name}: {cut(result.get('result', ''))}",
-            "server": server_name,
-            "server_tool": tool_name,
-            "arguments": arguments,
-            "result": result.get("result", ""),
-        },
-        failure=f"use {server_name}: {words}",
-    )
 
 
 def call(server_id: int, tool_name: str, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -205,16 +157,4 @@ def _scrubbed(text: str, server: ToolServer) -> str:
     return text
 
 
-def down_notice(servers: list[ToolServer]) -> list[dict[str, Any]]:
-    """The steps a reply shows for tools left out: "time is down: answering without its tools"."""
-    return [
-        {
-            "tool": server.name,
-            "state": "failed",
-            "chip": f"{server.name} is down, so this reply is without its tools: {cut(server.status_error or '')}",
-        }
-        for server in servers
-    ]
-
-
-__all__ = ["ToolContext", "call", "down_notice", "offered_tools", "refresh", "spec_of"]
+__all__ = ["call", "cut_result", "is_resting", "refresh", "spec_of"]

@@ -19,6 +19,7 @@ from webapp.llm import ToolCall
 from webapp.models import Agent
 from webapp.models.agents import DEFAULT_TOOLS
 from webapp.tools.base import Tool, ToolContext
+from webapp.tools.from_servers import down_notice, offered_tools
 from webapp.tools.refinement import RefinementSession
 
 # Every tool, by name, and those an agent may enable for its replies: filled by discover(), in place.
@@ -70,8 +71,6 @@ class ReplyTools:
 def reply_tools(agent: Agent) -> ReplyTools:
     """The tools the agent's replies offer: the built-in reply tools enabled for it, in registry order, then its
     enabled tools of the account's tool servers (MCP) whose server is not down (webapp.tool_servers)."""
-    from webapp.tool_servers import down_notice, offered_tools  # it builds on this package's Tool
-
     enabled = agent.enabled_tools or []
     built_in = {name: tool for name, tool in REPLY_TOOLS.items() if name in enabled}
     served, down = offered_tools(agent)
