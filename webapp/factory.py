@@ -14,7 +14,7 @@ from webapp.extensions import DATABASE_ID_MAX, csrf, db, login_manager, migrate
 from webapp.jobs import queue
 from webapp.mcp import proxy as mcp_proxy
 from webapp.timeutil import utcnow
-from webapp.web import agents, auth, chats, errors, guards, health, people
+from webapp.web import agents, auth, chats, errors, guards, health, people, remembered
 from webapp.web.markdown import render_markdown
 
 
@@ -40,7 +40,16 @@ def create_app(test_config: dict | None = None) -> Flask:
     errors.init_app(app)
     api.init_app(app)
 
-    for blueprint in (auth.bp, agents.bp, chats.bp, health.bp, admin.bp, people.bp, mcp_proxy.bp):
+    for blueprint in (
+        auth.bp,
+        agents.bp,
+        chats.bp,
+        health.bp,
+        admin.bp,
+        people.bp,
+        remembered.bp,
+        mcp_proxy.bp,
+    ):
         app.register_blueprint(blueprint)
     app.add_url_rule("/", "home", lambda: redirect(url_for("chats.index")))
     app.jinja_env.filters["markdown"] = render_markdown

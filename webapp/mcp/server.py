@@ -16,7 +16,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
 from pydantic import Field
 
-from webapp.actions import memory
+from webapp.actions import forgetting, memory
 from webapp.actions.memory import Refused
 from webapp.extensions import db
 from webapp.models import Agent, User
@@ -41,6 +41,11 @@ SAVE = (
     "keeping for now (journal entries fade from its prompt after 7 days, still found by search_memory), "
     "'core' for lasting facts, preferences and relationships (permanent). One clear, self-contained statement "
     "per call. It is heard only where you are (a private chat of yours with the agent)."
+)
+FORGET = (
+    "Forget one of the agent's memories that was drawn from a chat of yours (by its memory_id): it no longer "
+    "reaches any reply, search or client. Only memories drawn from your own chats can be forgotten this way; an "
+    "admin can bring one back."
 )
 PROMPT = (
     "List what the agent's prompt holds of its memory when you start a new chat with it: its constitutional "
@@ -85,6 +90,15 @@ def build_server(app: Flask, caller: Caller | None = None, *, agent_slug: str | 
     ) -> dict[str, Any]:
         return acting(ctx, lambda user, agent: memory.save_memory(user, agent, content, memory_type))
 
+    @server.tool(description=FORGET)
+    def forget_memory(
+        memory_id: Annotated[
+            int, Field(ge=1, description="The memory_id search_memory or prompt_memory gave.")
+        ],
+        ctx: Context,
+    ) -> dict[str, Any]:
+        return acting(ctx, lambda user, agent: _forgotten(forgetting.forget(user, memory_id, agent)))
+
     @server.tool(description=PROMPT)
     def prompt_memory(ctx: Context) -> dict[str, Any]:
         return acting(ctx, memory.prompt_memory)
@@ -102,6 +116,10 @@ def build_server(app: Flask, caller: Caller | None = None, *, agent_slug: str | 
             return acting(None, memory.core_memory, ResourceError)
 
     return server
+
+
+def _forgotten(memory) -> dict[str, Any]:
+    return {"forgotten": memory.id, "content": memory.content}
 
 
 def _core_of(user: User, agent: Agent, slug: str) -> str:
