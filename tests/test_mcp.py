@@ -28,7 +28,7 @@ from webapp.models.api_keys import ApiKey
 
 ROOT = Path(__file__).resolve().parent.parent
 FLASK = str(Path(sys.executable).parent / "flask")
-TOOLS = {"search_memory", "save_memory", "prompt_memory"}
+TOOLS = {"search_memory", "save_memory", "prompt_memory", "forget_memory"}
 
 
 def _memory(agent, content, memory_type="core", *, chat=None, **fields) -> AgentMemory:

@@ -9,7 +9,6 @@ from flask.cli import AppGroup
 from sqlalchemy.orm import contains_eager
 
 from webapp import search
-from webapp.actions import forgetting
 from webapp.cli.options import agent_option
 from webapp.extensions import db
 from webapp.jobs.consolidation import (
@@ -122,28 +121,6 @@ def dedup(agent: Agent | None) -> None:
     agent_ids = [agent.id] if agent is not None else db.session.scalars(sa.select(Agent.id)).all()
     for found in agent_ids:
         click.echo(f"agent {found}: {dedup_for_agent(found, session_id=None, via='cli')} duplicates removed")
-
-
-@memories_cli.command("forget")
-@click.argument("memory_id", type=click.IntRange(min=1))
-@click.option(
-    "--by", "email", required=True, help="The person who forgets it: it must be drawn from their chats."
-)
-def forget(memory_id: int, email: str) -> None:
-    """Forget a memory drawn from a chat of the person's, as they would on "What agents remember of me" (audited
-    as them; an admin can undo it). Any other memory is refused without saying whether it exists."""
-    person = db.session.scalar(
-        sa.select(User).where(User.email == email.strip().lower(), User.removed_at.is_(None))
-    )
-    if person is None:
-        sys.exit(f"No one signs in with {email}.")
-    try:
-        memory = forgetting.forget(person, memory_id)
-    except forgetting.NotYours as refusal:
-        sys.exit(str(refusal))
-    click.echo(
-        f"Forgotten by {person.email}: memory {memory.id} of {memory.agent.name}, “{memory.content[:80]}”."
-    )
 
 
 @memories_cli.command("proposals")
