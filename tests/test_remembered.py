@@ -241,8 +241,11 @@ def test_the_page_is_paginated_and_its_first_page_reads_a_bounded_number_of_stat
 
 @pytest.mark.browser
 def test_the_page_is_tidy_and_forgets_in_the_browser_on_a_desktop_and_a_phone(
-    page, size, live_app, live_server
-):  # noqa: F811
+    page,
+    size,  # noqa: F811 (the fixture)
+    live_app,
+    live_server,
+):
     """axe finds nothing, nothing scrolls sideways, every tap target is 44 px on a phone; the account page leads
     to it, Forget and Forget everything (asked first, saying how many) work."""
     acme = factories.account("Acme")
@@ -272,3 +275,36 @@ def test_the_page_is_tidy_and_forgets_in_the_browser_on_a_desktop_and_a_phone(
     check_page(page, size, "remembered-confirm", prefix="remembered", full_page=True, impacts=ALL_IMPACTS)
     tap(page.get_by_role("button", name="Forget 1 memory"))
     expect(page.get_by_text("No agent remembers anything drawn from your chats.")).to_be_visible()
+
+
+def test_removing_a_person_with_forget_forgets_only_what_came_from_their_own_private_chats(
+    client, auth, admin, member, team
+):
+    both = factories.memory(team["agents"][0], "Milo and Ana both like figs.")
+    add_sources(both, [team["said_in"]["roses"].id, team["said_in"]["club"].id])
+    db.session.commit()
+    auth.login(admin)
+
+    asked = client.get(f"/people/{member.id}/remove")
+    removed = client.post(f"/people/{member.id}/remove", data={"memories": "forget"})
+
+    db.session.expire_all()
+    gone = {m.content for m in db.session.scalars(sa.select(AgentMemory).where(AgentMemory.is_deleted))}
+    own = {"Milo's roses have black spot.", "Milo rides a green bike.", "Milo drinks oolong."}
+    own |= {"Milo goes to Lisbon in May.", "Milo is allergic to bees."}
+    assert "Keep it (the default)" in asked.text and "(5 memories)" in asked.text
+    assert removed.status_code == 303 and gone == own  # the club's, Ana's and the shared-source one are kept
+    rows = db.session.scalars(sa.select(AuditLog).where(AuditLog.action == "memory_delete")).all()
+    assert {row.user_id for row in rows} == {admin.id} and {row.data["via"] for row in rows} == {"removal"}
+    assert client.post(f"/admin/audit/{rows[0].id}/undo").status_code in (302, 303)
+    db.session.expire_all()
+    assert db.session.get(AgentMemory, rows[0].auditable_id).is_active
+
+
+def test_removing_a_person_and_keeping_changes_no_memory(client, auth, admin, member, team):
+    auth.login(admin)
+
+    client.post(f"/people/{member.id}/remove", data={"memories": "keep"})
+
+    db.session.expire_all()
+    assert db.session.scalar(sa.select(sa.func.count()).where(AgentMemory.deleted_at.is_not(None))) == 0

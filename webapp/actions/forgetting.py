@@ -14,9 +14,9 @@ import sqlalchemy as sa
 
 from webapp.actions.memory import Refused
 from webapp.extensions import db
-from webapp.models import Agent, AgentMemory, ChatPerson, MemorySource, Message, User
+from webapp.models import Agent, AgentMemory, Chat, ChatPerson, MemorySource, Message, User
 from webapp.models.access import memories_heard_by
-from webapp.models.audit import FORGOTTEN_VIA, record_change
+from webapp.models.audit import record_change
 
 NOT_YOURS = "No memory drawn from your chats has that id."
 
@@ -64,33 +64,71 @@ def count(user: User, chat_id: int | None = None) -> int:
     return db.session.scalar(query.where(memories_of(user, chat_id), AgentMemory.constitutional.is_(False)))
 
 
-def forget(user: User, memory_id: int, agent: Agent | None = None) -> AgentMemory:
-    """Forget one of the person's memories (of `agent`'s, when given; committed); NotYours for any other id,
-    constitutional ones included."""
+def forget(user: User, memory_id: int, *, via: str, agent: Agent | None = None) -> AgentMemory:
+    """Forget one of the person's memories (of `agent`'s, when given; committed), audited as them `via` a door
+    (FORGOTTEN_WHERE); NotYours for any other id, constitutional ones included."""
     query = listed(user).where(AgentMemory.id == memory_id)
     if agent is not None:
         query = query.where(AgentMemory.agent_id == agent.id)
     memory = db.session.scalar(query)
     if memory is None or memory.constitutional:
         raise NotYours(NOT_YOURS)
-    _forget(user, memory)
+    _forget(user, memory, via)
     db.session.commit()
     return memory
 
 
-def forget_all(user: User, chat_id: int | None = None) -> Forgotten:
+def forget_all(user: User, chat_id: int | None = None, *, via: str = "account") -> Forgotten:
     """Forget every memory drawn from the person's chats (or from one of them), constitutional ones kept; one
     audit row each, as one forget."""
     memories = db.session.scalars(listed(user, chat_id)).all()
     kept = sum(1 for memory in memories if memory.constitutional)
     for memory in memories:
         if not memory.constitutional:
-            _forget(user, memory)
+            _forget(user, memory, via)
     db.session.commit()
     return Forgotten(len(memories) - kept, kept)
 
 
-def _forget(user: User, memory: AgentMemory) -> None:
+def learned_only_from(person: User) -> sa.Select:
+    """The active memories agents learned only from the person's own private chats (private chats whose one
+    person they are): every source turn in them, or, with no source, heard only in one of them."""
+    own = (
+        sa.select(Chat.id)
+        .where(Chat.visibility == "private", Chat.account_id == person.account_id)
+        .where(sa.exists().where(ChatPerson.chat_id == Chat.id, ChatPerson.user_id == person.id))
+        .where(~sa.exists().where(ChatPerson.chat_id == Chat.id, ChatPerson.user_id != person.id))
+    )
+    sources = sa.select(MemorySource.message_id).where(MemorySource.memory_id == AgentMemory.id)
+    elsewhere = sa.exists().where(
+        MemorySource.memory_id == AgentMemory.id,
+        MemorySource.message_id == Message.id,
+        Message.chat_id.not_in(own),
+    )
+    only_theirs = sa.or_(
+        sa.and_(sa.exists(sources), ~elsewhere),
+        sa.and_(~sa.exists(sources), AgentMemory.audience == "chat", AgentMemory.chat_id.in_(own)),
+    )
+    return (
+        sa.select(AgentMemory)
+        .join(Agent, Agent.id == AgentMemory.agent_id)
+        .where(Agent.account_id == person.account_id, AgentMemory.is_active, only_theirs)
+        .order_by(AgentMemory.id)
+    )
+
+
+def forget_learned_only_from(person: User, by: User) -> Forgotten:
+    """Forget (not committed) what agents learned only from the person's own private chats, audited as `by`
+    (the admin removing them); constitutional memories are kept."""
+    memories = db.session.scalars(learned_only_from(person)).all()
+    kept = sum(1 for memory in memories if memory.constitutional)
+    for memory in memories:
+        if not memory.constitutional:
+            _forget(by, memory, "removal")
+    return Forgotten(len(memories) - kept, kept)
+
+
+def _forget(user: User, memory: AgentMemory, via: str) -> None:
     before = memory.snapshot()
     memory.soft_delete()
-    record_change(memory, "memory_delete", before, via=FORGOTTEN_VIA, user_id=user.id)
+    record_change(memory, "memory_delete", before, via=via, user_id=user.id)

@@ -11,7 +11,7 @@ from flask_login import current_user
 
 from webapp.extensions import db
 from webapp.models import Agent, AuditLog, User
-from webapp.models.audit import FORGOTTEN_VIA
+from webapp.models.audit import FORGOTTEN_VIA, FORGOTTEN_WHERE
 
 LABELS = {
     "memory_create": "created",
@@ -105,6 +105,8 @@ class Entry:
     def label(self) -> str:
         if self.row.action == "memory_delete" and self.via == FORGOTTEN_VIA:
             return "forgotten on its chat's memory page"
+        if self.row.action == "memory_delete" and self.via in FORGOTTEN_WHERE:
+            return f"forgotten {FORGOTTEN_WHERE[self.via]}"
         return LABELS.get(self.row.action, self.row.action.replace("_", " "))
 
     @property

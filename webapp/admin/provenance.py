@@ -22,7 +22,7 @@ from webapp.admin.common import bp
 from webapp.extensions import db
 from webapp.models import AgentMemory, AuditLog, Chat, ChatPerson, Message, ReplySources, User
 from webapp.models.access import ChatNames, readable_chats
-from webapp.models.audit import FORGOTTEN_VIA
+from webapp.models.audit import FORGOTTEN_WHERE
 from webapp.web.auth import admin_required
 
 CREATING = ("memory_create", "memory_refinement_consolidate_create")
@@ -90,11 +90,12 @@ def _chats_of(origins: dict[int, "Origin"], memories: list[AgentMemory]) -> dict
 
 @dataclass
 class Deletion:
-    """The person whose delete keeps a memory deleted now; `forgotten`: from its chat's memory page."""
+    """The person whose delete keeps a memory deleted now; `forgotten`: where they forgot it (None: deleted in
+    the ledger)."""
 
     name: str
     email: str
-    forgotten: bool
+    forgotten: str | None
 
 
 def origins_for(memories: list[AgentMemory]) -> tuple[dict[int, Origin], dict[int, Deletion]]:
@@ -124,7 +125,7 @@ def origins_for(memories: list[AgentMemory]) -> tuple[dict[int, Origin], dict[in
             origins[row.auditable_id].promoted_session_id = row.session_id or ""
     deleted_at = {m.id: m.snapshot()["deleted_at"] for m in memories if m.is_deleted}
     deleted_by = {
-        row.auditable_id: Deletion(user.display_name, user.email, row.data.get("via") == FORGOTTEN_VIA)
+        row.auditable_id: Deletion(user.display_name, user.email, FORGOTTEN_WHERE.get(row.data.get("via")))
         for row, user in rows
         if row.action == DELETING
         and user

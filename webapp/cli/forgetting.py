@@ -26,7 +26,7 @@ def forget(memory_id: int, email: str) -> None:
     if person is None:
         sys.exit(f"No one signs in with {email}.")
     try:
-        memory = forgetting.forget(person, memory_id)
+        memory = forgetting.forget(person, memory_id, via="forget-cli")
     except forgetting.NotYours as refusal:
         sys.exit(str(refusal))
     click.echo(

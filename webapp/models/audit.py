@@ -16,6 +16,14 @@ from webapp.timeutil import utcnow
 ROLLED_BACK = "memory_refinement_rolled_back"
 # The `via` of a memory_delete made by a person forgetting a memory on its chat's memory page (not the ledger).
 FORGOTTEN_VIA = "chat"
+# Where a person forgot a memory (the `via` of its memory_delete, webapp.actions.forgetting), as the ledger says it.
+FORGOTTEN_WHERE = {
+    FORGOTTEN_VIA: "on the memory page of its chat",
+    "account": "on “What agents remember of me”",
+    "forget-mcp": "through MCP",
+    "forget-cli": "from the command line",
+    "removal": "when its person was removed",
+}
 
 
 class AuditLog(db.Model):

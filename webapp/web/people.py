@@ -14,6 +14,7 @@ from wtforms.fields.choices import SelectChoice
 from wtforms.validators import DataRequired, EqualTo, InputRequired, Length, Regexp, ValidationError
 
 from webapp import limits
+from webapp.actions import forgetting
 from webapp.extensions import db, limiter
 from webapp.models import User, access
 from webapp.models.accounts import INVITE_DAYS, MAX_NAME_CHARS, ROLES, PersonChangeRefused, password_problem
@@ -179,14 +180,21 @@ def remove(user_id: int) -> ResponseReturnValue:
     """Ask, then remove a person: signed out everywhere at once, unable to sign in; their chats are kept."""
     person = owned_or_404(User, user_id)
     if request.method == "GET":
-        return render_template("people/remove.html", person=person)
+        learned = len(db.session.scalars(forgetting.learned_only_from(person)).all())
+        return render_template("people/remove.html", person=person, learned=learned)
+    admin = current_user._get_current_object()
     try:
-        person.remove(by=current_user._get_current_object())
+        person.remove(by=admin)
     except PersonChangeRefused as refusal:
         return _refused(str(refusal))
+    said = ""
+    if request.form.get("memories") == "forget":
+        forgotten = forgetting.forget_learned_only_from(person, by=admin)
+        said = f" Agents forgot {forgotten.count} memories learned only from their private chats (undo in the audit)."
     db.session.commit()
     flash(
         f"{person.display_name} was removed and signed out everywhere. Their chats are kept; nobody else sees them."
+        + said
     )
     return redirect(url_for("people.index"), code=303)
 

@@ -47,7 +47,7 @@ def index() -> ResponseReturnValue:
 @login_required
 def forget(memory_id: int) -> ResponseReturnValue:
     try:
-        memory = forgetting.forget(current_user, memory_id)
+        memory = forgetting.forget(current_user, memory_id, via="account")
     except forgetting.NotYours:
         abort(404)
     flash(f"Forgotten: {memory.agent.name} no longer brings “{memory.content[:80]}” to any reply.")
