@@ -7,6 +7,7 @@ from flask_login import current_user, login_required
 from flask_wtf import FlaskForm
 from wtforms import SelectField
 
+from webapp.actions import narrowing
 from webapp.extensions import db
 from webapp.models import Agent, Chat, ChatPerson, User, access
 from webapp.web.auth import owned_or_404, readable_chat_or_404
@@ -71,6 +72,7 @@ def remove_person(chat_id: int, user_id: int) -> ResponseReturnValue:
         return back_to(chat, "A chat keeps at least one person.")
     person = db.session.get(User, user_id)
     db.session.delete(db.session.get(ChatPerson, (chat.id, user_id)))
+    narrowing.narrow_to(chat, current_user._get_current_object())
     if user_id != current_user.id:
         announced = f"{current_user.display_name} took {person.display_name} out of the conversation."
         return back_to(chat, f"{person.display_name} is no longer one of this chat's people.", announced)

@@ -8,6 +8,7 @@ from flask_login import current_user, login_required
 from flask_wtf import FlaskForm
 from wtforms import SelectField
 
+from webapp.actions import narrowing
 from webapp.extensions import db
 from webapp.models import ChatHidden, access
 from webapp.models.chats import CHAT_VISIBILITIES
@@ -42,6 +43,7 @@ def visibility(chat_id: int) -> ResponseReturnValue:
         )
     chat.visibility = wanted
     if chat.is_private:
+        narrowing.narrow_to(chat, current_user._get_current_object())
         said = "Only this chat's people can read it now."
         announced = f"{current_user.display_name} made this chat readable by its people only."
     else:
