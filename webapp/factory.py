@@ -14,7 +14,7 @@ from webapp.extensions import DATABASE_ID_MAX, csrf, db, login_manager, migrate
 from webapp.jobs import queue
 from webapp.mcp import proxy as mcp_proxy
 from webapp.timeutil import utcnow
-from webapp.web import agents, auth, chats, errors, guards, health, people, remembered
+from webapp.web import agents, auth, chats, errors, guards, health, my_data, people, remembered
 from webapp.web.markdown import render_markdown
 
 
@@ -48,6 +48,7 @@ def create_app(test_config: dict | None = None) -> Flask:
         admin.bp,
         people.bp,
         remembered.bp,
+        my_data.bp,
         mcp_proxy.bp,
     ):
         app.register_blueprint(blueprint)
