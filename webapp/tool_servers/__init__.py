@@ -12,7 +12,6 @@ returns: `_scrubbed` takes each out of errors and results.
 """
 
 import json
-import logging
 from datetime import timedelta
 from typing import Any
 
@@ -23,7 +22,6 @@ from webapp.models.tool_servers import ToolServer, offered_name
 from webapp.timeutil import utcnow
 from webapp.tool_servers.client import POOL, CallTimedOut, ServerDown, Spec
 
-log = logging.getLogger(__name__)
 RESULT_CHARS = 16_000  # what a tool's result may bring into the prompt (about 4,000 tokens)
 DOWN_SECONDS = 60  # a server found down is left out of replies this long, then tried again
 LIST_SECONDS = 30  # how long a listing may take

@@ -180,7 +180,9 @@ def remove(user_id: int) -> ResponseReturnValue:
     """Ask, then remove a person: signed out everywhere at once, unable to sign in; their chats are kept."""
     person = owned_or_404(User, user_id)
     if request.method == "GET":
-        learned = len(db.session.scalars(forgetting.learned_only_from(person)).all())
+        learned = db.session.scalar(
+            sa.select(sa.func.count()).select_from(forgetting.learned_only_from(person).subquery())
+        )
         return render_template("people/remove.html", person=person, learned=learned)
     admin = current_user._get_current_object()
     try:
