@@ -101,10 +101,10 @@ def add(
     server.secrets = secrets or {}
     db.session.add(server)
     db.session.flush()
-    if why := refresh(server):
-        server_id = server.id
+    why, server_id = refresh(server), server.id
+    POOL.forget(server_id)  # listed: this process (a page, a command) calls none of its tools
+    if why:
         db.session.rollback()
-        POOL.forget(server_id)
         raise Refused(f"Nothing was saved: {why}")
     db.session.commit()
     return server
@@ -115,6 +115,7 @@ def check(server: ToolServer) -> str | None:
     words (its tools as last listed are kept)."""
     POOL.forget(server.id)
     why = refresh(server)
+    POOL.forget(server.id)  # listed: this process (a page, a command) calls none of its tools
     db.session.commit()
     return why
 
