@@ -24,19 +24,30 @@ def garden(acme, member):
     alone = factories.chat(acme, [ada], "Ben and Ada", people=[ben])
     said = factories.message(plans, "We keep the spare key under the blue pot.", author=ana)
     factories.message(alone, "What do you know about my garden?", author=ben)
-    heard_there = factories.memory(ada, "The spare key is under the blue pot.", audience="chat", chat_id=plans.id)
+    heard_there = factories.memory(
+        ada, "The spare key is under the blue pot.", audience="chat", chat_id=plans.id
+    )
     widened = factories.memory(ada, "Ana's gate code is 4471.")  # an admin widened it to everyone
     add_sources(heard_there, [said.id])
     add_sources(widened, [said.id])
     db.session.commit()
-    return {"ana": ana, "ben": ben, "ada": ada, "plans": plans, "alone": alone, "memories": (heard_there, widened)}
+    return {
+        "ana": ana,
+        "ben": ben,
+        "ada": ada,
+        "plans": plans,
+        "alone": alone,
+        "memories": (heard_there, widened),
+    }
 
 
 def _heard_by_ben(garden) -> set[str]:
     """The garden memories that reach Ada's prompt in Ben's own chat, or his recall (MCP and /v1 search alike)."""
     db.session.expire_all()
     ada, ben = garden["ada"], garden["ben"]
-    prompt = " ".join(m["content"] for m in build_prompt(garden["alone"], ada).messages if m["role"] == "system")
+    prompt = " ".join(
+        m["content"] for m in build_prompt(garden["alone"], ada).messages if m["role"] == "system"
+    )
     found = {hit.get("content") for hit in search_memory(ben, ada, "spare key blue pot gate code")["results"]}
     texts = {m.content for m in garden["memories"]}
     return {text for text in texts if text in prompt} | (texts & found)

@@ -20,6 +20,7 @@ from webapp.models.tool_servers import (
     NAME_PATTERN,
     SEPARATOR,
     ToolServer,
+    is_offered_name,
 )
 from webapp.tool_servers import refresh
 from webapp.tool_servers.client import POOL
@@ -155,7 +156,7 @@ def enabled_by(account_id: int) -> dict[str, list[str]]:
     )
     for agent_name, tools in rows:
         for tool in tools or []:
-            if SEPARATOR in tool:
+            if is_offered_name(tool):
                 found.setdefault(tool, []).append(agent_name)
     return found
 

@@ -97,7 +97,10 @@ def build_server(app: Flask, caller: Caller | None = None, *, agent_slug: str | 
         ],
         ctx: Context,
     ) -> dict[str, Any]:
-        return acting(ctx, lambda user, agent: _forgotten(forgetting.forget(user, memory_id, via="forget-mcp", agent=agent)))
+        return acting(
+            ctx,
+            lambda user, agent: _forgotten(forgetting.forget(user, memory_id, via="forget-mcp", agent=agent)),
+        )
 
     @server.tool(description=PROMPT)
     def prompt_memory(ctx: Context) -> dict[str, Any]:

@@ -97,6 +97,13 @@ def chats_readable_by(user_id: int, account_id: int) -> sa.ColumnElement[bool]:
     return sa.and_(still_here, chats_read_by(account_id, [user_id]))
 
 
+def chats_of_person(user: User) -> sa.ColumnElement[bool]:
+    """Condition on Chat: the chats the person is one of the people of (started, or was added to), and may read
+    (what "What agents remember of me" and its download call theirs)."""
+    theirs = sa.select(ChatPerson.chat_id).where(ChatPerson.user_id == user.id)
+    return sa.and_(Chat.id.in_(theirs), readable_chats(user))
+
+
 def readable_among(user: User, chat_ids: Iterable[int | None]) -> set[int]:
     """Those of these chat ids the person may read (one query; none without ids): whatever names or links another
     chat for someone (a page, a chip, a reply's sources, an export, a refusal) asks this first."""

@@ -22,7 +22,7 @@ from webapp.actions import forgetting
 from webapp.agent_files.naming import iso
 from webapp.extensions import db, limiter
 from webapp.models import Agent, AgentMemory, Chat, ChatAgent, ChatPerson, MemorySource, Message, User
-from webapp.models.access import readable_chats
+from webapp.models.access import chats_of_person, readable_chats
 from webapp.timeutil import utcnow
 
 bp = Blueprint("my_data", __name__, url_prefix="/account")
@@ -162,7 +162,7 @@ def _chats(user: User) -> Iterator[dict]:
     """The person's chats, oldest first, with their people and agents by name (PAGE chats to a query)."""
     after = 0
     while page := db.session.scalars(
-        sa.select(Chat).where(_one_of_its_people(user), Chat.id > after).order_by(Chat.id).limit(PAGE)
+        sa.select(Chat).where(chats_of_person(user), Chat.id > after).order_by(Chat.id).limit(PAGE)
     ).all():
         ids = [chat.id for chat in page]
         people, agents = _people_of(ids), _agents_of(ids)
@@ -177,12 +177,6 @@ def _chats(user: User) -> Iterator[dict]:
                 "agents": agents[chat.id],
             }
         after = ids[-1]
-
-
-def _one_of_its_people(user: User) -> sa.ColumnElement[bool]:
-    """Condition on Chat: the chats the person is one of the people of, and may read."""
-    theirs = sa.select(ChatPerson.chat_id).where(ChatPerson.user_id == user.id)
-    return sa.and_(Chat.id.in_(theirs), readable_chats(user))
 
 
 def _people_of(chat_ids: list[int]) -> dict[int, list[str]]:

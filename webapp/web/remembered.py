@@ -11,8 +11,8 @@ from flask_login import current_user, login_required
 
 from webapp.actions import forgetting
 from webapp.extensions import db
-from webapp.models import AgentMemory, Chat, ChatPerson, MemorySource, Message
-from webapp.models.access import readable_chats
+from webapp.models import AgentMemory, Chat, MemorySource, Message
+from webapp.models.access import chats_of_person, readable_chats
 
 bp = Blueprint("remembered", __name__, url_prefix="/account/memories")
 PAGE_SIZE = 50
@@ -78,7 +78,7 @@ def _own_chat_or_404(chat_id: int | None) -> Chat | None:
     """The chat named by ?chat=, if the person is one of its people and may read it; none asked, None."""
     if chat_id is None:
         return None
-    chat = db.session.scalar(sa.select(Chat).where(Chat.id == chat_id, _one_of_its_people()))
+    chat = db.session.scalar(sa.select(Chat).where(Chat.id == chat_id, chats_of_person(current_user)))
     if chat is None:
         abort(404)
     return chat
@@ -88,16 +88,10 @@ def _own_chats() -> list[Chat]:
     return list(
         db.session.scalars(
             sa.select(Chat)
-            .where(_one_of_its_people())
+            .where(chats_of_person(current_user))
             .order_by(Chat.last_message_at.desc().nulls_last(), Chat.id.desc())
         )
     )
-
-
-def _one_of_its_people() -> sa.ColumnElement[bool]:
-    """Condition on Chat: the chats the signed-in person is one of the people of, and may read."""
-    theirs = sa.select(ChatPerson.chat_id).where(ChatPerson.user_id == current_user.id)
-    return sa.and_(Chat.id.in_(theirs), readable_chats(current_user))
 
 
 def _kept_filters() -> dict:
