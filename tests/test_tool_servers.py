@@ -321,3 +321,43 @@ def test_servers_query_is_scoped_to_the_agents_account(app, admin, fake_llm, tim
 
     assert reply_tools(other).tools == {}
     assert db.session.scalar(sa.select(sa.func.count()).select_from(ToolServer)) == 1
+
+
+def test_a_real_workers_threads_share_one_session_of_a_stdio_server(live_app, start_worker, fake_llm):
+    """`python worker.py` with two threads: the first reply that needs the server starts it, the next reuses it
+    (the same process answers both calls)."""
+    acme = factories.account("Acme")
+    dana = factories.user(acme, "dana@example.com", "admin")
+    server = ToolServer(
+        account_id=acme.id,
+        name="test",
+        kind="stdio",
+        command=sys.executable,
+        arguments=[str(HERE / "mcp_tool_server.py"), "stdio"],
+    )
+    db.session.add(server)
+    db.session.flush()
+    assert tool_servers.refresh(server) is None
+    mcp_sessions.POOL.forget(server.id)
+    ada = factories.agent(acme, "Ada", enabled_tools=["test__whoami"])
+    db.session.commit()
+    start_worker(threads=2)
+
+    pids = []
+    for title in ("One", "Two"):
+        chat = factories.chat(acme, [ada], title, people=[dana])
+        factories.message(chat, "Who answers?", author=dana)
+        fake_llm.reply(tool_calls=[("test__whoami", {})], model="ada-model")  # not a background job's
+        fake_llm.reply("Answered.", model="ada-model")
+        [reply] = request_replies(chat, [ada])
+        db.session.commit()
+        reply_id = reply.id
+        wait_for(lambda done=reply_id: _status(done) == "done", seconds=60, what="the reply")
+        pids.append(int(db.session.get(Message, reply_id).tools_used[0]["result"]))
+
+    assert pids[0] == pids[1] and pids[0] != os.getpid()
+
+
+def _status(message_id: int) -> str:
+    db.session.expire_all()
+    return db.session.get(Message, message_id).status
