@@ -89,6 +89,9 @@ class User(UserMixin, db.Model):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     # Removed from the account by an admin: cannot sign in; their private chats are kept (for export), unseen.
     removed_at: Mapped[datetime | None]
+    # The person's own setting: their temporary chats are deleted for good this many days after their last
+    # message (None: kept until they delete them).
+    temporary_chat_days: Mapped[int | None]
 
     account: Mapped[Account] = relationship(back_populates="users")
 

@@ -49,6 +49,9 @@ class Chat(db.Model):
     client_agent_id: Mapped[int | None] = mapped_column(sa.ForeignKey("agents.id"))
     # True for a group chat: agents answer only when asked.
     manual_responses: Mapped[bool] = mapped_column(default=False)
+    # False for a temporary chat (issue 42): nothing of it is remembered, summarised, borrowed or searched from
+    # another chat, and its people can delete it for good.
+    remembers: Mapped[bool] = mapped_column(default=True, server_default=sa.true())
     discarded_at: Mapped[datetime | None]
     # Who discarded it (one of its people: see webapp.models.access.may_govern), for everyone to see.
     discarded_by_id: Mapped[int | None] = mapped_column(sa.ForeignKey("users.id"))
