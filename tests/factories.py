@@ -33,7 +33,12 @@ def agent(acct: Account, name: str = "Ada", **fields) -> Agent:
 
 
 def chat(
-    acct: Account, agents: list[Agent], title: str = "", manual: bool | None = None, people: list[User] = ()
+    acct: Account,
+    agents: list[Agent],
+    title: str = "",
+    manual: bool | None = None,
+    people: list[User] = (),
+    remembers: bool = True,
 ) -> Chat:
     """A chat of the agents: private to `people` (the first started it) when given, else shared with the
     account (as every chat made before chats had people)."""
@@ -44,6 +49,7 @@ def chat(
         visibility="private" if people else "shared",
         started_by_id=people[0].id if people else None,
         chat_people=[ChatPerson(user_id=p.id) for p in people],
+        remembers=remembers,
     )
     row.chat_agents = [ChatAgent(agent=a) for a in agents]
     db.session.add(row)

@@ -200,7 +200,7 @@ def test_with_the_local_defaults_a_huge_memory_and_a_long_chat_fit_the_local_win
 
     prompt = build_prompt(chat, ada)
 
-    tools = schemas_for(reply_tools(ada).tools.values())
+    tools = schemas_for(reply_tools(ada, chat).tools.values())
     sent = _as_the_local_server_sees_it(prompt.messages, tools)
     assert sent + prompt.target.answer_room() <= config.LOCAL_MODEL_CONTEXT_TOKENS
     assert (

@@ -88,7 +88,7 @@ def test_a_new_tool_is_one_new_file(tmp_path, client, signed_in):
             chat = factories.chat(signed_in.account, [ada])
             asked = factories.message(chat, "Is it raining?", author=signed_in)
             form = client.get("/agents/new").text
-            offered = tools.reply_tools(ada).tools
+            offered = tools.reply_tools(ada, chat).tools
             schemas = [schema["function"]["name"] for schema in tools.schemas_for(offered.values())]
             call = ToolCall("call-1", "throwaway_weather", '{"town": "Leeds"}')
             outcome = tools.run_tool_call(call, tools.ToolContext(ada, chat, asked), offered)

@@ -254,13 +254,14 @@ def test_tools_not_enabled_are_not_offered_and_listing_is_read_from_the_row_not_
         "Three",
         enabled_tools=["save_memory", "time__get_current_time", "test__echo", "test__whoami"],
     )
+    chat = factories.chat(admin.account, [bare, three])
     db.session.commit()
-    assert bare.enabled_tools and three.enabled_tools  # loaded, as a reply has its agent
+    assert bare.enabled_tools and three.enabled_tools and chat.remembers  # loaded, as a reply has them
 
     with count_queries() as none_enabled:
-        reply_tools(bare)
+        reply_tools(bare, chat)
     with count_queries() as three_enabled:
-        offered = reply_tools(three).tools
+        offered = reply_tools(three, chat).tools
 
     assert none_enabled.count == 0  # an agent without a server's tool costs nothing more
     assert three_enabled.count == 1  # its servers in one statement, their tools as listed at the last refresh
@@ -319,7 +320,7 @@ def test_servers_query_is_scoped_to_the_agents_account(app, admin, fake_llm, tim
     other = factories.agent(stranger.account, "Eve", enabled_tools=["time__get_current_time"])
     db.session.commit()
 
-    assert reply_tools(other).tools == {}
+    assert reply_tools(other, factories.chat(stranger.account, [other])).tools == {}
     assert db.session.scalar(sa.select(sa.func.count()).select_from(ToolServer)) == 1
 
 

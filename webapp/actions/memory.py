@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from webapp.extensions import db
 from webapp.llm import targets
 from webapp.models import Agent, AgentMemory, Chat, ChatAgent, ChatPerson, User
-from webapp.models.access import memories_heard_by, readable_chats
+from webapp.models.access import chats_searched_by, memories_heard_by
 from webapp.models.memories import active_memories
 from webapp.models.memory_budget import memories_within
 from webapp.prompting.build import memory_budget
@@ -35,7 +35,7 @@ def search_memory(user: User, agent: Agent, query: str) -> dict[str, Any]:
     """The recall search over the agent's memories this person may hear and its conversations they may read,
     in recall's result shape."""
     heard = _heard(user, agent)
-    chats = conversations_of(agent, readable_chats(user))
+    chats = conversations_of(agent, chats_searched_by(user))
     results, left_out = search_results(agent, query.strip(), heard, chats)
     if not results:
         return {"results": [], "note": f"Nothing you may read of {agent.name}'s memory matches those words."}

@@ -22,7 +22,7 @@ from webapp.models import (
     ReplySources,
     User,
 )
-from webapp.models.access import ChatNames, readable_chats
+from webapp.models.access import ChatNames, readable_chats, remembered
 from webapp.tools.steps import may_name_a_chat, unnamed
 
 CHAT_IMPORT = "chat_import"  # the audit row an import writes on each chat it makes
@@ -30,11 +30,12 @@ UNFINISHED = "It was not finished when the agent was exported."
 
 
 def included_chats(agent: Agent, reader: User | None) -> list[Chat]:
-    """The agent's chats whose messages the file carries: every one, or those the downloading admin may read."""
+    """The agent's chats whose messages the file carries: every one, or those the downloading admin may read; never
+    a temporary chat (the agent keeps nothing of it)."""
     query = (
         sa.select(Chat)
         .join(ChatAgent, ChatAgent.chat_id == Chat.id)
-        .where(ChatAgent.agent_id == agent.id, Chat.account_id == agent.account_id)
+        .where(ChatAgent.agent_id == agent.id, Chat.account_id == agent.account_id, remembered())
         .order_by(Chat.id)
     )
     if reader is not None:

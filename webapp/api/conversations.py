@@ -3,7 +3,8 @@
 A client sends its whole conversation every time; Cairn keeps its own. Only the request's last message, the
 person's, is added to a chat; the history before it only chooses the chat and never rewrites what Cairn stored.
 The chat is: the one the client names (X-Cairn-Conversation, metadata.conversation_id or `user`), else the newest
-API chat of the person with this agent whose stored messages the history repeats exactly, else a new one.
+API chat of the person with this agent whose stored messages the history repeats exactly, else a new one. With
+X-Cairn-Remember: no, it is a temporary chat (nothing of it is remembered), and only a temporary chat continues.
 """
 
 from collections.abc import Callable
@@ -19,6 +20,8 @@ from webapp.models import Agent, Chat, ChatAgent, Message, User, access
 
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 CONVERSATION_HEADER = "X-Cairn-Conversation"
+REMEMBER_HEADER = "X-Cairn-Remember"  # "no": a temporary chat, of which nothing is remembered (issue 42)
+REMEMBER_VALUES = {"yes": True, "true": True, "1": True, "no": False, "false": False, "0": False}
 MAX_CLIENT_ID_CHARS = 200  # chats.client_conversation_id
 CANDIDATES = 20  # the newest chats of the right length whose messages are compared with a history
 UNSTORABLE = "\x00"
@@ -60,6 +63,7 @@ class Asked:
     client_id: str | None
     stream: bool
     include_usage: bool
+    remembers: bool = True  # False: the exchange is in a temporary chat (X-Cairn-Remember: no)
 
 
 def parse(person: User, body: Any) -> Asked:
@@ -87,7 +91,18 @@ def parse(person: User, body: Any) -> Asked:
         client_id=_client_id(body),
         stream=stream,
         include_usage=isinstance(options, dict) and options.get("include_usage") is True,
+        remembers=_remembers(),
     )
+
+
+def _remembers() -> bool:
+    """Whether the exchange is remembered: X-Cairn-Remember: no asks for a temporary chat."""
+    value = request.headers.get(REMEMBER_HEADER)
+    if value is None or not value.strip():
+        return True
+    if value.strip().lower() not in REMEMBER_VALUES:
+        raise ApiError(400, f"{REMEMBER_HEADER} must be yes or no.", param=REMEMBER_HEADER)
+    return REMEMBER_VALUES[value.strip().lower()]
 
 
 def _refuse_unhonoured(body: dict) -> None:
@@ -208,7 +223,13 @@ def chat_for(person: User, asked: Asked) -> Chat:
 
 
 def _new(person: User, asked: Asked) -> Chat:
-    chat = Chat.start(person, [asked.agent], source="api", client_conversation_id=asked.client_id)
+    chat = Chat.start(
+        person,
+        [asked.agent],
+        source="api",
+        client_conversation_id=asked.client_id,
+        remembers=asked.remembers,
+    )
     db.session.flush()
     return chat
 
@@ -235,7 +256,7 @@ def _named(person: User, asked: Asked) -> Chat:
     for _ in range(3):  # a winner whose chat is out of reach by the time it is read is raced again
         found = db.session.scalar(_theirs(person, asked.agent).where(_names(person, asked)).limit(1))
         if found is not None:
-            return found
+            return _same_remembering(found, asked)
         try:
             with db.session.begin_nested():
                 _release(person, asked)
@@ -243,6 +264,23 @@ def _named(person: User, asked: Asked) -> Chat:
         except sa.exc.IntegrityError:
             continue  # another request made it first
     raise ApiError(409, "Another request is making this conversation's chat; ask again.", code="conflict")
+
+
+def _same_remembering(chat: Chat, asked: Asked) -> Chat:
+    """The named chat, if the request asks for it as it is (remembered, or temporary); else a 409 saying so: a
+    conversation is never turned from one into the other."""
+    if chat.remembers == asked.remembers:
+        return chat
+    kind, header = (
+        ("remembered", f"without {REMEMBER_HEADER}: no")
+        if chat.remembers
+        else ("temporary", f"with {REMEMBER_HEADER}: no")
+    )
+    raise ApiError(
+        409,
+        f"The conversation `{asked.client_id}` is {kind}: continue it {header}, or name another conversation.",
+        code="conflict",
+    )
 
 
 def _names(person: User, asked: Asked) -> sa.ColumnElement[bool]:
@@ -273,8 +311,11 @@ def _continued(person: User, asked: Asked) -> Chat | None:
     if not asked.history:
         return None
     length = sa.select(sa.func.count(Message.id)).where(Message.chat_id == Chat.id, _stored_turns())
+    same_kind = Chat.remembers.is_(asked.remembers)
     chats = db.session.scalars(
-        _theirs(person, asked.agent).where(length.scalar_subquery() == len(asked.history)).limit(CANDIDATES)
+        _theirs(person, asked.agent)
+        .where(same_kind, length.scalar_subquery() == len(asked.history))
+        .limit(CANDIDATES)
     ).all()
     if not chats:
         return None

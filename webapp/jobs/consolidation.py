@@ -31,7 +31,7 @@ from webapp.jobs.queue import backlog_time, enqueue, job_target, recorded_job
 from webapp.jobs.refinement import trigger_if_over_budget
 from webapp.llm import LLMError, targets
 from webapp.models import Agent, AgentMemory, Chat, ChatAgent, Message
-from webapp.models.access import memories_heard_in
+from webapp.models.access import memories_heard_in, remembered
 from webapp.models.audit import record_change
 from webapp.models.memories import (
     MEMORY_TYPES,
@@ -49,8 +49,10 @@ log = logging.getLogger(__name__)
 
 def _consolidated() -> sa.ColumnElement[bool]:
     """Which of a chat's agents consolidation serves (Chat and Agent in the query): every agent of a group chat,
-    and in a one-to-one chat an agent that turns its one-to-one chats into memories."""
-    return sa.or_(Chat.manual_responses.is_(True), Agent.consolidates_direct_chats.is_(True))
+    and in a one-to-one chat an agent that turns its one-to-one chats into memories; none in a temporary chat."""
+    return sa.and_(
+        remembered(), sa.or_(Chat.manual_responses.is_(True), Agent.consolidates_direct_chats.is_(True))
+    )
 
 
 def _served_links(chat_id: int) -> sa.Select:

@@ -20,6 +20,7 @@ warnings.filterwarnings("ignore", category=FutureWarning, module="rq_scheduler.u
 HOURLY = "0 * * * *"
 HOURLY_AT_15 = "15 * * * *"  # apart from the hourly consolidation, which keeps the background queue busy
 HOURLY_AT_30 = "30 * * * *"
+HOURLY_AT_45 = "45 * * * *"
 DAILY_0300_UTC = "0 3 * * *"
 WEEKLY_MONDAY_0400_UTC = "0 4 * * 1"
 ID_PREFIX = "cairn-"
@@ -38,6 +39,11 @@ SCHEDULES = [
     Schedule(f"{ID_PREFIX}refine", WEEKLY_MONDAY_0400_UTC, "webapp.jobs.refinement.refine_due"),
     Schedule(f"{ID_PREFIX}term-stats", HOURLY_AT_30, "webapp.jobs.term_stats.refresh_term_stats"),
     Schedule(f"{ID_PREFIX}embed", HOURLY_AT_15, "webapp.jobs.embeddings.queue_waiting"),
+    Schedule(
+        f"{ID_PREFIX}temporary-chats",
+        HOURLY_AT_45,
+        "webapp.jobs.temporary_chats.delete_expired_temporary_chats",
+    ),
 ]
 
 

@@ -24,7 +24,9 @@ SUMMARY_CHARS = 500
 
 def request_summaries(chat: Chat) -> int:
     """Enqueue a summary job for each agent of the chat whose summary is stale and has none queued yet (however
-    many messages arrive); call before the commit. Returns how many were queued."""
+    many messages arrive); call before the commit. Returns how many were queued. None for a temporary chat."""
+    if not chat.remembers:
+        return 0
     stale = [ca for ca in chat.chat_agents if ca.summary_stale() and not ca.agent.paused]
     queued = [enqueue(summarize, ca.chat_id, ca.agent_id) for ca in stale]
     return sum(run is not None for run in queued)
@@ -47,7 +49,12 @@ def summarize(chat_id: int, agent_id: int) -> dict[str, int]:
     chat_agent = db.session.scalar(
         sa.select(ChatAgent).where(ChatAgent.chat_id == chat_id, ChatAgent.agent_id == agent_id)
     )
-    if chat_agent is None or chat_agent.chat.is_discarded or chat_agent.agent.paused:
+    if (
+        chat_agent is None
+        or chat_agent.chat.is_discarded
+        or not chat_agent.chat.remembers
+        or chat_agent.agent.paused
+    ):
         return {"summarized": 0, "skipped": 1}
     if not chat_agent.summary_stale():
         return {"summarized": 0, "fresh": 1}  # another job summarized it since this one was enqueued

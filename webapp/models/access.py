@@ -120,9 +120,21 @@ def may_read(user_id: int, account_id: int, chat_id: int) -> bool:
 
 
 def chats_heard_in(chat: Chat) -> sa.ColumnElement[bool]:
-    """Condition on Chat: the chats whose words may be used in `chat`: itself, and those everyone present there
-    may read."""
-    return sa.or_(Chat.id == chat.id, chats_read_by(chat.account_id, present(chat)))
+    """Condition on Chat: the chats whose words may be used in `chat`: itself, and the chats that remember (not
+    temporary ones) that everyone present there may read."""
+    return sa.or_(Chat.id == chat.id, sa.and_(remembered(), chats_read_by(chat.account_id, present(chat))))
+
+
+def remembered() -> sa.ColumnElement[bool]:
+    """Condition on Chat: not a temporary chat. A temporary chat's words are heard in it alone: no memory,
+    summary, borrow, recall or search elsewhere reads it."""
+    return Chat.remembers.is_(True)
+
+
+def chats_searched_by(user: User) -> sa.ColumnElement[bool]:
+    """Condition on Chat: the chats whose messages a person's client (MCP, outside any chat) searches: those
+    they may read, less the temporary ones."""
+    return sa.and_(readable_chats(user), remembered())
 
 
 def memories_heard(chats: sa.ColumnElement[bool]) -> sa.ColumnElement[bool]:

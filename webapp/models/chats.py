@@ -111,10 +111,11 @@ class Chat(db.Model):
         title: str = "",
         source: str = "web",
         client_conversation_id: str | None = None,
+        remembers: bool = True,
     ) -> "Chat":
         """A new chat of these agents, private to the person who starts it (added, not committed): with one
         agent it answers every message, with several they answer when asked. Cairn's pages and its API clients
-        start chats alike; `source` says which."""
+        start chats alike; `source` says which. `remembers` False: a temporary chat."""
         chat = cls(
             account_id=person.account_id,
             title=title,
@@ -125,6 +126,7 @@ class Chat(db.Model):
             client_agent_id=agents[0].id if client_conversation_id else None,
             manual_responses=len(agents) > 1,
             chat_people=[ChatPerson(user_id=person.id, added_by_id=person.id)],
+            remembers=remembers,
         )
         chat.chat_agents = [ChatAgent(agent=agent) for agent in agents]
         db.session.add(chat)

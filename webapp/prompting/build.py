@@ -106,7 +106,7 @@ def build_prompt(chat: Chat, agent: Agent, *, before_message_id: int | None = No
         summary_chat_ids=[s.chat_id for s in summaries],
         borrowed_chat_id=public_ids.decode(borrowed["source_conversation_id"]) if borrowed_section else None,
     )
-    tools = reply_tools(agent)
+    tools = reply_tools(agent, chat)
     fit_to_budget(target, messages, schemas_for(tools.tools.values()))
     return Prompt(messages, target, borrowed if borrowed_section else None, sources, tools)
 
@@ -349,6 +349,9 @@ def _borrowed_section(borrowed: dict[str, Any] | None) -> str | None:
     return render("cross_conversation/borrowed_context.txt", borrowed=borrowed)
 
 
+TEMPORARY_NOTE = "This conversation is temporary: nothing said in it will be remembered after it."
+
+
 def _now_section(chat: Chat, agent: Agent, now: datetime) -> str:
     agents = [f"{a.name} (you)" if a.id == agent.id else f"{a.name} (agent)" for a in chat.agents]
     people = db.session.scalars(
@@ -357,7 +360,8 @@ def _now_section(chat: Chat, agent: Agent, now: datetime) -> str:
         .order_by(User.id)
     )
     participants = agents + [f"{u.display_name} (person)" for u in people]
+    temporary = "" if chat.remembers else f"\n{TEMPORARY_NOTE}"
     return (
         f"# Now\n\nCurrent time: {now:%Y-%m-%d %H:%M} UTC\n"
-        f"Conversation: {chat.model_title}\nParticipants: {', '.join(participants)}"
+        f"Conversation: {chat.model_title}\nParticipants: {', '.join(participants)}{temporary}"
     )

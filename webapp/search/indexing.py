@@ -18,7 +18,7 @@ from sqlalchemy.orm import joinedload
 
 from webapp.extensions import db
 from webapp.models import Account, Agent, AgentMemory, Chat, Message
-from webapp.models.search import EMBEDDED_KINDS
+from webapp.models.search import EMBEDDED_KINDS, EmbeddingQueue
 from webapp.search import READABLE as SHOWN
 from webapp.search import backend, embedder
 from webapp.search.embedder import Embedder, EmbeddingError
@@ -111,6 +111,18 @@ def _write(kind: str, embedded: list, *, keep_others: bool) -> None:
 def _delete_other_models(kind: str, ids: list[int], kept: set[str]) -> None:
     table, key = _vector_table(kind)
     db.session.execute(sa.delete(table).where(key.in_(ids), table.c.model.not_in(sorted(kept))))
+
+
+def forget_messages_of(chat_id: int) -> None:
+    """Remove the vectors of a chat's messages and their queued embeddings (a chat deleted for good); the
+    words' index follows the messages themselves (SQLite's triggers, PostgreSQL's generated column)."""
+    messages = sa.select(Message.id).where(Message.chat_id == chat_id)
+    db.session.execute(
+        sa.delete(EmbeddingQueue).where(EmbeddingQueue.kind == "message", EmbeddingQueue.row_id.in_(messages))
+    )
+    if _vector_tables_exist():
+        table, _key = _vector_table("message")
+        db.session.execute(sa.delete(table).where(table.c.chat_id == chat_id))
 
 
 def _vector_table(kind: str) -> tuple[sa.TableClause, sa.ColumnClause]:

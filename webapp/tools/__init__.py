@@ -16,7 +16,7 @@ from typing import Any
 import jsonschema
 
 from webapp.llm import ToolCall
-from webapp.models import Agent
+from webapp.models import Agent, Chat
 from webapp.models.agents import DEFAULT_TOOLS
 from webapp.tools.base import Tool, ToolContext
 from webapp.tools.from_servers import down_notice, offered_tools
@@ -68,11 +68,16 @@ class ReplyTools:
     unavailable: list[dict[str, Any]]
 
 
-def reply_tools(agent: Agent) -> ReplyTools:
-    """The tools the agent's replies offer: the built-in reply tools enabled for it, in registry order, then its
-    enabled tools of the account's tool servers (MCP) whose server is not down (webapp.tool_servers)."""
+def reply_tools(agent: Agent, chat: Chat) -> ReplyTools:
+    """The tools the agent's replies in the chat offer: the built-in reply tools enabled for it, in registry
+    order (in a temporary chat, none that keeps anything of it), then its enabled tools of the account's tool
+    servers (MCP) whose server is not down (webapp.tool_servers)."""
     enabled = agent.enabled_tools or []
-    built_in = {name: tool for name, tool in REPLY_TOOLS.items() if name in enabled}
+    built_in = {
+        name: tool
+        for name, tool in REPLY_TOOLS.items()
+        if name in enabled and (chat.remembers or not tool.remembers)
+    }
     served, down = offered_tools(agent)
     return ReplyTools(built_in | served, down_notice(down))
 

@@ -31,6 +31,7 @@ class Tool:
     chip: Callable[[dict[str, Any], dict[str, Any], Chat], dict[str, Any]] | None = None
     failure: str | None = None  # "save a memory": "Could not save a memory: …"
     names_a_chat: bool = False  # its step may name another conversation (shown only to who may read it)
+    remembers: bool = False  # it keeps something of the chat (save_memory): not offered in a temporary chat
 
     def schema(self) -> dict[str, Any]:
         return {

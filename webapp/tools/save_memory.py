@@ -140,6 +140,7 @@ def _chip(arguments: dict[str, Any], result: dict[str, Any], _chat: Chat) -> dic
 
 TOOL = Tool(
     name="save_memory",
+    remembers=True,
     description=DESCRIPTION,
     parameters={
         "type": "object",

@@ -8,14 +8,29 @@ import sqlalchemy as sa
 from flask import Blueprint, abort, flash, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 from flask_login import current_user, login_required
+from flask_wtf import FlaskForm
+from wtforms import SelectField
+from wtforms.fields.choices import SelectChoice
 
 from webapp.actions import forgetting
+from webapp.actions.temporary_chats import KEEP_DAYS
 from webapp.extensions import db
 from webapp.models import AgentMemory, Chat, MemorySource, Message
 from webapp.models.access import chats_of_person, readable_chats
 
 bp = Blueprint("remembered", __name__, url_prefix="/account/memories")
 PAGE_SIZE = 50
+
+
+class TemporaryChatsForm(FlaskForm):
+    days = SelectField(
+        "Delete the temporary chats I start",
+        choices=[SelectChoice("", "never: I delete them myself")]
+        + [
+            SelectChoice(str(d), f"{d} day{'s' if d != 1 else ''} after their last message")
+            for d in KEEP_DAYS
+        ],
+    )
 
 
 @bp.get("")
@@ -40,7 +55,26 @@ def index() -> ResponseReturnValue:
         page=page,
         more=more,
         total=forgetting.count(current_user, chat.id if chat else None),
+        temporary_form=TemporaryChatsForm(formdata=None, days=str(current_user.temporary_chat_days or "")),
     )
+
+
+@bp.post("/temporary-chats")
+@login_required
+def temporary_chats() -> ResponseReturnValue:
+    """The person's setting: delete the temporary chats they start some days after their last message."""
+    form = TemporaryChatsForm()
+    if not form.validate_on_submit():
+        abort(400)
+    current_user.temporary_chat_days = int(form.days.data) if form.days.data else None
+    db.session.commit()
+    days = current_user.temporary_chat_days
+    flash(
+        f"Your temporary chats are deleted for good {days} day{'s' if days != 1 else ''} after their last message."
+        if days
+        else "Your temporary chats are kept until you delete them."
+    )
+    return redirect(url_for("remembered.index", _anchor="temporary-chats"), code=303)
 
 
 @bp.post("/<int:memory_id>/forget")

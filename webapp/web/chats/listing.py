@@ -8,7 +8,7 @@ from flask.typing import ResponseReturnValue
 from flask_login import current_user, login_required
 from flask_wtf import FlaskForm
 from sqlalchemy.orm import joinedload, selectinload
-from wtforms import SelectMultipleField, StringField, widgets
+from wtforms import BooleanField, SelectMultipleField, StringField, widgets
 from wtforms.validators import DataRequired, Length
 
 from webapp.extensions import db
@@ -27,6 +27,11 @@ class ChatForm(FlaskForm):
         validators=[DataRequired(message="Choose at least one agent.")],
         widget=widgets.ListWidget(prefix_label=False),
         option_widget=widgets.CheckboxInput(),
+    )
+    temporary = BooleanField(
+        "Nothing from this chat is remembered",
+        description="A temporary chat: agents make no memories or summaries of it, no other chat reads it, and "
+        "you can delete it for good.",
     )
 
 
@@ -127,7 +132,8 @@ def new() -> ResponseReturnValue:
         )
     if form.validate_on_submit():
         chosen = [a for a in account_agents() if a.id in form.agent_ids.data]
-        chat = Chat.start(current_user, chosen, title=(form.title.data or "").strip())
+        title = (form.title.data or "").strip()
+        chat = Chat.start(current_user, chosen, title=title, remembers=not form.temporary.data)
         db.session.commit()
         return redirect(url_for("chats.show", chat_id=chat.id), code=303)
     return render_template("chats/new.html", form=form), 422 if form.errors else 200

@@ -12,6 +12,7 @@ from flask.typing import ResponseReturnValue
 from flask_login import current_user, login_required
 from sqlalchemy.orm import joinedload
 
+from webapp.actions import temporary_chats
 from webapp.extensions import db
 from webapp.models import Chat, ChatAgent, Message, access
 from webapp.models.chats import other_conversations
@@ -94,7 +95,7 @@ def show(chat_id: int) -> ResponseReturnValue:
             in_chat = {a.id for a in chat.agents}
             addable = [a for a in account_agents() if a.id not in in_chat]
             context.update(addable=addable, sidebar=chat_rows(limit=SIDEBAR_CHATS), **_panel(chat))
-            context.update(people_panel(chat))
+            context.update(people_panel(chat), expires_in=_expires_in(chat))
     fragments = {
         "cross-conversations": "chats/_cross_conversations.html",
         "messages": "chats/_messages.html",
@@ -105,6 +106,12 @@ def show(chat_id: int) -> ResponseReturnValue:
         "no-store"  # Back to a chat shows it as it is now, not as first loaded
     )
     return response
+
+
+def _expires_in(chat: Chat) -> str | None:
+    """For a temporary chat whose starter set their chats to be deleted: after how long ("7 days")."""
+    days = None if chat.remembers else temporary_chats.days_kept(chat)
+    return None if days is None else f"{days} day{'s' if days != 1 else ''}"
 
 
 @dataclass

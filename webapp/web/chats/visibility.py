@@ -1,5 +1,6 @@
 """How a chat is seen: its title, who may read it (its people only, or everyone of the account), and whether it
-is listed (discarded and restored for everyone, hidden and unhidden for oneself)."""
+is listed (discarded and restored for everyone, hidden and unhidden for oneself), or, a temporary chat, deleted
+for good."""
 
 import sqlalchemy as sa
 from flask import abort, flash, redirect, render_template, request, url_for
@@ -8,7 +9,8 @@ from flask_login import current_user, login_required
 from flask_wtf import FlaskForm
 from wtforms import SelectField
 
-from webapp.actions import narrowing
+from webapp.actions import narrowing, temporary_chats
+from webapp.actions.memory import Refused
 from webapp.extensions import db
 from webapp.models import ChatHidden, access
 from webapp.models.chats import CHAT_VISIBILITIES
@@ -74,6 +76,22 @@ def discard(chat_id: int) -> ResponseReturnValue:
     chat = governed_chat(chat_id)
     chat.discarded_at, chat.discarded_by_id = utcnow(), current_user.id
     db.session.commit()
+    return redirect(url_for("chats.index"), code=303)
+
+
+@bp.post("/<int:chat_id>/delete")
+@login_required
+def delete_for_good(chat_id: int) -> ResponseReturnValue:
+    """Delete a temporary chat and its messages for good (its people only): nothing of it is left."""
+    chat = governed_chat(chat_id)
+    title = chat.display_title
+    try:
+        temporary_chats.delete_for_good(chat)
+    except Refused as refused:
+        flash(str(refused))
+        return redirect(url_for("chats.show", chat_id=chat_id), code=303)
+    db.session.commit()
+    flash(f"“{title}” and all its messages are deleted for good.")
     return redirect(url_for("chats.index"), code=303)
 
 
