@@ -201,6 +201,10 @@ def test_the_persons_setting_deletes_their_temporary_chats_after_n_days(app, acm
     assert "deleted for good 7 days after its last message" in anas.get(f"/chats/{recent.id}").text
 
     assert delete_expired_temporary_chats() == {"deleted": 1}
+    assert (
+        "{'deleted': 0}"
+        in app.test_cli_runner().invoke(args=["jobs", "delete-temporary-chats", "--now"]).output
+    )
 
     left = set(db.session.scalars(sa.select(Chat.title)))
     assert left == {"Recent", "Remembered", "Ben's"}

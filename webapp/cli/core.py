@@ -12,6 +12,7 @@ from webapp.extensions import db
 from webapp.jobs import schedule
 from webapp.jobs.ping import ping
 from webapp.jobs.queue import enqueue, wait_for_redis
+from webapp.jobs.temporary_chats import delete_expired_temporary_chats
 from webapp.local_models.catalog import UNTIL_INSTALLED, not_installed
 from webapp.models import Account, Agent, User
 from webapp.models.accounts import NO_PASSWORD, PersonChangeRefused, password_problem
@@ -209,6 +210,18 @@ def jobs_ping(now: bool) -> None:
     enqueue(ping)
     db.session.commit()
     click.echo("ping enqueued")
+
+
+@jobs_cli.command("delete-temporary-chats")
+@click.option("--now", is_flag=True, help="Run inline instead of through the worker.")
+def jobs_delete_temporary_chats(now: bool) -> None:
+    """Delete for good the temporary chats their people's setting says are due (hourly on its own)."""
+    if now:
+        click.echo(f"delete-temporary-chats: {delete_expired_temporary_chats()}")
+        return
+    enqueue(delete_expired_temporary_chats)
+    db.session.commit()
+    click.echo("delete-temporary-chats enqueued")
 
 
 COMMANDS = [check, schedule_cli, users_cli, jobs_cli, demo_cli]
