@@ -12,6 +12,8 @@ from webapp.extensions import db
 from webapp.models import AgentMemory, AuditLog
 from webapp.models.memories import add_sources
 from webapp.prompting.build import build_prompt
+from webapp.tools.base import ToolContext
+from webapp.tools.borrow_context import borrow_context
 
 
 @pytest.fixture
@@ -106,3 +108,25 @@ def test_a_memory_drawn_from_elsewhere_keeps_its_audience(client, auth, garden):
 
     db.session.expire_all()
     assert db.session.get(AgentMemory, figs.id).audience == "everyone"
+
+
+def test_summaries_and_borrow_follow_the_narrowing_too(client, auth, garden):
+    """Ada's summary of the plans chat is listed in Ben's own chat, and borrow_context reads it, while Ben is one
+    of its people; taken out, neither; back in, both."""
+    ana, ben, plans, alone, ada = (garden[k] for k in ("ana", "ben", "plans", "alone", "ada"))
+    factories.summary(plans, ada, "Ana and Ben hide the spare key under the blue pot.")
+    context = ToolContext(ada, alone, factories.message(alone, "Borrow the plans?", author=ben))
+
+    def heard() -> tuple[bool, bool]:
+        db.session.expire_all()
+        prompt = " ".join(m["content"] for m in build_prompt(alone, ada).messages if m["role"] == "system")
+        borrowed = borrow_context(context, plans.public_id)
+        return "hide the spare key" in prompt, "error" not in borrowed
+
+    auth.login(ana)
+    before = heard()
+    client.post(f"/chats/{plans.id}/people/{ben.id}/remove")
+    while_out = heard()
+    client.post(f"/chats/{plans.id}/people", data={"user_id": ben.id})
+
+    assert before == (True, True) and while_out == (False, False) and heard() == (True, True)
