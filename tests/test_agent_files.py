@@ -235,12 +235,18 @@ def test_imported_memories_keep_their_times_flags_and_audiences_with_derived_val
 ):
     _import(runner, _export(runner, "Ada"), "--account", "Globex")
     copy = db.session.scalar(sa.select(Agent).where(Agent.account_id == stranger.account_id))
+    # Two memories share "Dana likes red roses" (one merged into the other): by id, the same one wins each side.
     originals = {
-        m.content: m for m in db.session.scalars(sa.select(AgentMemory).where(AgentMemory.agent_id == ada.id))
+        m.content: m
+        for m in db.session.scalars(
+            sa.select(AgentMemory).where(AgentMemory.agent_id == ada.id).order_by(AgentMemory.id)
+        )
     }
     copies = {
         m.content: m
-        for m in db.session.scalars(sa.select(AgentMemory).where(AgentMemory.agent_id == copy.id))
+        for m in db.session.scalars(
+            sa.select(AgentMemory).where(AgentMemory.agent_id == copy.id).order_by(AgentMemory.id)
+        )
     }
 
     assert copies.keys() == originals.keys()
