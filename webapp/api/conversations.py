@@ -97,12 +97,12 @@ def parse(person: User, body: Any) -> Asked:
 
 def _remembers() -> bool:
     """Whether the exchange is remembered: X-Cairn-Remember: no asks for a temporary chat."""
-    value = request.headers.get(REMEMBER_HEADER)
-    if value is None or not value.strip():
+    value = (request.headers.get(REMEMBER_HEADER) or "").strip().lower()
+    if not value:
         return True
-    if value.strip().lower() not in REMEMBER_VALUES:
+    if value not in REMEMBER_VALUES:
         raise ApiError(400, f"{REMEMBER_HEADER} must be yes or no.", param=REMEMBER_HEADER)
-    return REMEMBER_VALUES[value.strip().lower()]
+    return REMEMBER_VALUES[value]
 
 
 def _refuse_unhonoured(body: dict) -> None:

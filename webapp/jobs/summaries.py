@@ -24,7 +24,7 @@ SUMMARY_CHARS = 500
 
 def request_summaries(chat: Chat) -> int:
     """Enqueue a summary job for each agent of the chat whose summary is stale and has none queued yet (however
-    many messages arrive); call before the commit. Returns how many were queued. None for a temporary chat."""
+    many messages arrive); call before the commit. Returns how many were queued (none for a temporary chat)."""
     if not chat.remembers:
         return 0
     stale = [ca for ca in chat.chat_agents if ca.summary_stale() and not ca.agent.paused]
