@@ -274,7 +274,28 @@ def load(instance_path: str) -> dict:
         # Where `flask models pull` and the admin page download the local models' catalog files from (the
         # catalog pins their paths and hashes: webapp/local_models/catalog.py); a mirror, or a stand-in in tests.
         "MODEL_DOWNLOAD_BASE_URL": os.environ.get("MODEL_DOWNLOAD_BASE_URL", "https://huggingface.co"),
+        **_oidc(),
     }
+
+
+def _oidc() -> dict:
+    """Sign-in with the team's identity provider (webapp.web.oidc checks these; README): off with no issuer."""
+    env = {name: os.environ.get(f"OIDC_{name}", "").strip() for name in _OIDC_NAMES}
+    return {
+        **{f"OIDC_{name}": env[name] for name in _OIDC_NAMES},
+        "OIDC_ISSUER": env["ISSUER"].rstrip("/"),
+        "OIDC_SCOPES": env["SCOPES"] or "openid email profile",
+        "OIDC_NAME": env["NAME"] or "SSO",  # the button says "Sign in with SSO"
+        "OIDC_ONLY": env["ONLY"].lower() in ("1", "true", "yes"),
+        "OIDC_ALLOWED_DOMAINS": [
+            d.strip().lstrip("@").lower() for d in env["ALLOWED_DOMAINS"].split(",") if d.strip()
+        ],
+        "OIDC_GROUPS_CLAIM": env["GROUPS_CLAIM"] or "groups",
+    }
+
+
+_OIDC_NAMES = ("ISSUER", "CLIENT_ID", "CLIENT_SECRET", "SCOPES", "NAME", "ONLY", "ALLOWED_DOMAINS", "ACCOUNT")
+_OIDC_NAMES += ("ACCOUNT_CLAIM", "ADMIN_GROUP", "GROUPS_CLAIM")
 
 
 # The range of every numeric setting (None: unbounded on that side), checked at start-up by validate().

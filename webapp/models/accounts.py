@@ -20,6 +20,7 @@ PASSWORD_MIN_CHARS = 8
 PASSWORD_MAX_CHARS = 200
 MAX_NAME_CHARS = 60
 INVITE_DAYS = 7  # how long a sign-in link for a new person works (once)
+SIGN_IN_LINK_MINUTES = 15  # how long a one-time sign-in link from `flask users link` works
 # A password_hash starting with this is no password at all: an invited person who has not chosen one yet. What
 # follows it changes with every new sign-in link, which voids the links made before.
 NO_PASSWORD = "!"
@@ -92,8 +93,15 @@ class User(UserMixin, db.Model):
     # The person's own setting: their temporary chats are deleted for good this many days after their last
     # message (None: kept until they delete them).
     temporary_chat_days: Mapped[int | None]
+    # The person at the team's identity provider (webapp.web.oidc), linked at their first sign-in through it: a
+    # changed e-mail there keeps the link.
+    oidc_issuer: Mapped[str | None] = mapped_column(sa.String(255))
+    oidc_subject: Mapped[str | None] = mapped_column(sa.String(255))
+    # The digest of the one-time sign-in link `flask users link` printed, until it is used.
+    sign_in_link_hash: Mapped[str | None] = mapped_column(sa.String(64))
 
     account: Mapped[Account] = relationship(back_populates="users")
+    __table_args__ = (sa.UniqueConstraint("oidc_issuer", "oidc_subject"),)
 
     # The sign-in this user object was loaded for (not a column): Flask-Login keeps it in the session and
     # remember-me cookies as the user's id, so ending the sign-in server-side makes every copy worthless.
@@ -222,6 +230,28 @@ class User(UserMixin, db.Model):
         db.session.refresh(self)
         return done.rowcount == 1
 
+    def sign_in_link(self) -> str:
+        """A token that signs this person in once, within SIGN_IN_LINK_MINUTES, without a password (for an admin
+        when passwords are off: OIDC_ONLY); a newer one replaces it."""
+        secret = secrets.token_urlsafe(16)
+        self.sign_in_link_hash = _digest(secret)
+        db.session.flush()  # the id the token names
+        return _sign_in_links().dumps([self.id, secret])
+
+    @classmethod
+    def use_sign_in_link(cls, token: str, *, peek: bool = False) -> "User | None":
+        """The person of a sign-in link that still works; unless peeking, the link then stops working (the
+        conditional update lets one of two uses at the same moment through)."""
+        try:
+            user_id, secret = _sign_in_links().loads(token, max_age=SIGN_IN_LINK_MINUTES * 60)
+        except (BadData, TypeError, ValueError):
+            return None
+        unused = sa.and_(cls.id == user_id, cls.sign_in_link_hash == _digest(secret), cls.removed_at.is_(None))
+        if peek:
+            return db.session.scalar(sa.select(cls).where(unused))
+        done = db.session.execute(sa.update(cls).where(unused).values(sign_in_link_hash=None))
+        return db.session.get(cls, user_id) if done.rowcount == 1 else None
+
     def change_role(self, role: str, *, by: "User | None") -> None:
         """Make this person an admin or a member; `by` (the admin acting; None: the command line) cannot change
         their own role, and the account keeps an admin."""
@@ -245,6 +275,7 @@ class User(UserMixin, db.Model):
         # Restoring them later revives neither: they get a new sign-in link, and make new keys.
         for key in getattr(self, "api_keys", []):  # ApiKey.user's backref (webapp.models.api_keys)
             key.revoked_at = key.revoked_at or utcnow()
+        self.sign_in_link_hash = None
         if not self.has_password:
             self.password_hash = NO_PASSWORD + secrets.token_urlsafe(16)  # the link they had stops working
 
@@ -302,6 +333,10 @@ def _digest(token: str | None) -> str:
 
 def _invites() -> URLSafeTimedSerializer:
     return URLSafeTimedSerializer(current_app.config["SECRET_KEY"], salt="cairn-invite")
+
+
+def _sign_in_links() -> URLSafeTimedSerializer:
+    return URLSafeTimedSerializer(current_app.config["SECRET_KEY"], salt="cairn-sign-in-link")
 
 
 @functools.cache
