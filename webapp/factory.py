@@ -14,7 +14,7 @@ from webapp.extensions import DATABASE_ID_MAX, csrf, db, login_manager, migrate
 from webapp.jobs import queue
 from webapp.mcp import proxy as mcp_proxy
 from webapp.timeutil import utcnow
-from webapp.web import agents, auth, chats, errors, guards, health, my_data, people, remembered
+from webapp.web import agents, auth, chats, errors, guards, health, my_data, oidc, people, remembered
 from webapp.web.markdown import render_markdown
 
 
@@ -39,9 +39,11 @@ def create_app(test_config: dict | None = None) -> Flask:
     guards.init_app(app)
     errors.init_app(app)
     api.init_app(app)
+    oidc.init_app(app)
 
     for blueprint in (
         auth.bp,
+        oidc.bp,
         agents.bp,
         chats.bp,
         health.bp,

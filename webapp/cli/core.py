@@ -5,7 +5,7 @@ import sys
 
 import click
 import sqlalchemy as sa
-from flask import current_app
+from flask import current_app, url_for
 from flask.cli import AppGroup
 
 from webapp.extensions import db
@@ -15,8 +15,8 @@ from webapp.jobs.queue import enqueue, wait_for_redis
 from webapp.jobs.temporary_chats import delete_expired_temporary_chats
 from webapp.local_models.catalog import UNTIL_INSTALLED, not_installed
 from webapp.models import Account, Agent, User
-from webapp.models.accounts import NO_PASSWORD, PersonChangeRefused, password_problem
-from webapp.runtime.health import check_database, check_llm, check_redis
+from webapp.models.accounts import NO_PASSWORD, SIGN_IN_LINK_MINUTES, PersonChangeRefused, password_problem
+from webapp.runtime.health import check_database, check_identity_provider, check_llm, check_redis
 
 schedule_cli = AppGroup("schedule", help="Recurring jobs in rq-scheduler.")
 users_cli = AppGroup("users", help="Sign-in accounts.")
@@ -43,6 +43,8 @@ def check() -> None:
         probes.append(("REDIS_URL", check_redis))
     if not current_app.config["LOCAL_LLM"]:
         probes.append(("LLM_BASE_URL", check_llm))
+    if current_app.config["OIDC_ISSUER"]:
+        probes.append(("OIDC_ISSUER", check_identity_provider))
     for variable, probe in probes:
         result = probe()
         if result.ok:
@@ -130,6 +132,22 @@ def _create_user(email: str, password: str, admin: bool, account_name: str | Non
     db.session.add(user)
     db.session.commit()
     click.echo(f"Created {user.role} {email} in account {account.name!r}.")
+
+
+@users_cli.command("link")
+@click.argument("email")
+def users_link(email: str) -> None:
+    """Print a link that signs EMAIL in once, within 15 minutes, without a password (with OIDC_ONLY, or when the
+    identity provider is down)."""
+    user = db.session.scalar(
+        sa.select(User).where(User.email == email.strip().lower(), User.removed_at.is_(None))
+    )
+    if user is None:
+        sys.exit(f"Nobody signs in with {email} (or they were removed).")
+    token = user.sign_in_link()
+    db.session.commit()
+    click.echo(url_for("auth.sign_in_link", token=token, _external=True))
+    click.echo(f"It signs {user.email} in once, within {SIGN_IN_LINK_MINUTES} minutes.", err=True)
 
 
 @users_cli.command("list")

@@ -246,7 +246,9 @@ class User(UserMixin, db.Model):
             user_id, secret = _sign_in_links().loads(token, max_age=SIGN_IN_LINK_MINUTES * 60)
         except (BadData, TypeError, ValueError):
             return None
-        unused = sa.and_(cls.id == user_id, cls.sign_in_link_hash == _digest(secret), cls.removed_at.is_(None))
+        unused = sa.and_(
+            cls.id == user_id, cls.sign_in_link_hash == _digest(secret), cls.removed_at.is_(None)
+        )
         if peek:
             return db.session.scalar(sa.select(cls).where(unused))
         done = db.session.execute(sa.update(cls).where(unused).values(sign_in_link_hash=None))

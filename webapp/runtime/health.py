@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from urllib.parse import urlsplit, urlunsplit
 
+import requests
 import sqlalchemy as sa
 from flask import current_app
 from redis.exceptions import RedisError
@@ -50,6 +51,21 @@ def without_password(url: str) -> str:
         return url
     netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
     return urlunsplit(parts._replace(netloc=netloc))
+
+
+def check_identity_provider() -> Check:
+    """OIDC_ISSUER's discovery document answers and names that issuer (webapp.web.oidc signs people in with it)."""
+    issuer = current_app.config["OIDC_ISSUER"]
+    url = f"{issuer}/.well-known/openid-configuration"
+    try:
+        response = requests.get(url, timeout=PROBE_TIMEOUT_SECONDS)
+        response.raise_for_status()
+        named = response.json().get("issuer", "")
+    except (requests.RequestException, ValueError, AttributeError) as e:
+        return Check(False, f"cannot read {url}: {e.__class__.__name__}: {first_line(e)}")
+    if str(named).rstrip("/") != issuer:
+        return Check(False, f"{url} names the issuer {named!r}, not {issuer!r}")
+    return Check(True, url)
 
 
 def check_redis() -> Check:

@@ -7,7 +7,18 @@ from typing import TypeVar
 from urllib.parse import urlsplit
 
 import sqlalchemy as sa
-from flask import Blueprint, Response, abort, current_app, flash, redirect, render_template, request, url_for
+from flask import (
+    Blueprint,
+    Response,
+    abort,
+    current_app,
+    flash,
+    redirect,
+    render_template,
+    request,
+    session,
+    url_for,
+)
 from flask.typing import ResponseReturnValue
 from flask_limiter import RateLimitExceeded
 from flask_login import current_user, login_required, login_user, logout_user
@@ -110,15 +121,40 @@ class NameForm(FlaskForm):
     error_message="Too many failed sign-in attempts.",
 )  # fmt: skip
 def login() -> ResponseReturnValue:
-    """Sign in with email and password."""
+    """Sign in with email and password (unless OIDC_ONLY: then only through the identity provider)."""
     form = LoginForm()
-    if form.validate_on_submit():
+    if current_app.config["OIDC_ONLY"]:
+        if request.method == "POST":
+            return render_template("auth/login.html", form=form, problem=PASSWORDS_OFF), 403
+    elif form.validate_on_submit():
         user = User.authenticate(form.email.data, form.password.data)
         if user is not None:
-            _sign_in(user)
-            return redirect(_safe_next(request.args.get("next")), code=303)
+            sign_in(user)
+            return redirect(safe_next(request.args.get("next")), code=303)
         form.password.errors.append("That email and password do not match.")
-    return render_template("auth/login.html", form=form), 422 if form.errors else 200
+    provider_logout = session.pop("provider_logout_offer", None)
+    return render_template(
+        "auth/login.html", form=form, provider_logout=provider_logout
+    ), 422 if form.errors else 200
+
+
+PASSWORDS_OFF = "Passwords are turned off here: sign in through your team's identity provider."
+
+
+@bp.route("/sign-in/<token>", methods=["GET", "POST"])
+def sign_in_link(token: str) -> ResponseReturnValue:
+    """A one-time sign-in link from `flask users link`: a button to press (so a link preview uses nothing),
+    then the person is signed in and the link stops working."""
+    if request.method == "GET":
+        person = User.use_sign_in_link(token, peek=True)
+        return render_template("auth/sign_in_link.html", person=person), 200 if person else 404
+    person = User.use_sign_in_link(token)
+    if person is None:
+        return render_template("auth/sign_in_link.html", person=None), 404
+    if current_user.is_authenticated:  # someone else signed in on this browser: that sign-in ends
+        current_user.end_session()
+    sign_in(person)
+    return redirect(url_for("chats.index"), code=303)
 
 
 @bp.errorhandler(RateLimitExceeded)
@@ -138,6 +174,8 @@ def logout() -> ResponseReturnValue:
     current_user.end_session()
     db.session.commit()
     logout_user()
+    if provider_logout := session.pop("provider_logout", None):  # signed in through the identity provider
+        session["provider_logout_offer"] = provider_logout
     flash("Signed out.")
     return redirect(url_for("auth.login"), code=303)
 
@@ -161,7 +199,7 @@ def password() -> ResponseReturnValue:
         user = current_user._get_current_object()
         user.set_password(form.new_password.data)
         user.end_all_sessions()
-        _sign_in(user)
+        sign_in(user)
         flash("Password changed. Every other sign-in with the old password has been signed out.")
         return redirect(url_for("chats.index"), code=303)
     return _account_page(password_form=form)
@@ -249,14 +287,15 @@ def _account_page(
     return Response(html, status=422 if failed else 200)
 
 
-def _sign_in(user: User) -> None:
+def sign_in(user: User) -> None:
     """A new sign-in: a server-side session whose token the session and remember-me cookies carry."""
     user.start_session()
     db.session.commit()
     login_user(user, remember=True)
+    session.pop("provider_logout", None)  # webapp.web.oidc sets it again after a sign-in through the provider
 
 
-def _safe_next(target: str | None) -> str:
+def safe_next(target: str | None) -> str:
     """Only redirect to a path on this site after sign-in."""
     # Browsers read "\\" as "/", so "/\\evil.example" would leave the site like "//evil.example".
     if target and target.startswith("/") and not target.startswith("//") and "\\" not in target:

@@ -1,6 +1,7 @@
 """The people of an account (admins only): add one with a password or a sign-in link, change a role, remove
 one and take them back. And the page a sign-in link opens, where a new person chooses their password."""
 
+import secrets
 from urllib.parse import quote
 
 import sqlalchemy as sa
@@ -17,7 +18,14 @@ from webapp import limits
 from webapp.actions import forgetting
 from webapp.extensions import db, limiter
 from webapp.models import User, access
-from webapp.models.accounts import INVITE_DAYS, MAX_NAME_CHARS, ROLES, PersonChangeRefused, password_problem
+from webapp.models.accounts import (
+    INVITE_DAYS,
+    MAX_NAME_CHARS,
+    NO_PASSWORD,
+    ROLES,
+    PersonChangeRefused,
+    password_problem,
+)
 from webapp.models.chats import ChatPerson
 from webapp.web.auth import NameForm, admin_required, owned_or_404
 
@@ -107,6 +115,13 @@ def new() -> ResponseReturnValue:
         person = User(account_id=current_user.account_id, email=form.email.data, role=form.role.data)
         person.name = " ".join((form.name.data or "").split()) or None
         db.session.add(person)
+        if current_app.config["OIDC_ONLY"]:  # passwords are off: they sign in through the identity provider
+            person.password_hash = NO_PASSWORD + secrets.token_urlsafe(16)
+            db.session.commit()
+            flash(
+                f"{person.display_name} can now sign in with {current_app.config['OIDC_NAME']} as {person.email}."
+            )
+            return redirect(url_for("people.index"), code=303)
         if not form.password.data:
             return _link_page(person, new=True)
         person.set_password(form.password.data)
@@ -125,6 +140,10 @@ def link(user_id: int) -> ResponseReturnValue:
         return _refused(f"{person.display_name} was removed: restore them first.")
     if person.has_password:
         return _refused(f"{person.display_name} has a password already: they sign in with it.")
+    if current_app.config["OIDC_ONLY"]:
+        return _refused(
+            f"{person.display_name} signs in with {current_app.config['OIDC_NAME']}: passwords are off."
+        )
     return _link_page(person, new=False)
 
 
@@ -216,6 +235,8 @@ def restore(user_id: int) -> ResponseReturnValue:
     person.restore()
     db.session.commit()
     how = "with their password" if person.has_password else "once you make them a new sign-in link"
+    if person.oidc_subject and person.oidc_issuer == current_app.config["OIDC_ISSUER"]:
+        how = f"with {current_app.config['OIDC_NAME']}"
     left = (
         f" They left {len(closed)} of their chats, which drew on chats they may not read." if closed else ""
     )
