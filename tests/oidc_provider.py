@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import requests
+from flask import g
 from joserfc import jwt
 from joserfc.jwk import RSAKey
 from oidc_provider_mock import app as provider_app
@@ -105,6 +106,8 @@ def app(migrated_database, tmp_path, fake_llm, fake_redis, provider, request):
     app = create_app({**settings, **oidc_settings(provider, **getattr(request, "param", {}))})
     app.extensions["redis"] = fake_redis
     app.extensions["rq_queue"] = Queue(app.config["RQ_QUEUE"], connection=fake_redis)
+    # The test's app context, and so `g`, outlives each request: each request finds whom it signs in afresh.
+    app.before_request(lambda: g.pop("_login_user", None) and None)
     yield from _in_context(app)
 
 
