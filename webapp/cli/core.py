@@ -136,9 +136,14 @@ def _create_user(email: str, password: str, admin: bool, account_name: str | Non
 
 @users_cli.command("link")
 @click.argument("email")
-def users_link(email: str) -> None:
-    """Print a link that signs EMAIL in once, within 15 minutes, without a password (with OIDC_ONLY, or when the
-    identity provider is down)."""
+@click.option(
+    "--base-url",
+    default=lambda: f"http://localhost:{os.environ.get('PORT', '5000')}",
+    help="Cairn's address as people open it (default: http://localhost:$PORT, 5000).",
+)
+def users_link(email: str, base_url: str) -> None:
+    """Print a link that signs EMAIL in once, within 15 minutes, without a password (with OIDC_ONLY, or while
+    the identity provider is down)."""
     user = db.session.scalar(
         sa.select(User).where(User.email == email.strip().lower(), User.removed_at.is_(None))
     )
@@ -146,7 +151,8 @@ def users_link(email: str) -> None:
         sys.exit(f"Nobody signs in with {email} (or they were removed).")
     token = user.sign_in_link()
     db.session.commit()
-    click.echo(url_for("auth.sign_in_link", token=token, _external=True))
+    with current_app.test_request_context(base_url=base_url):
+        click.echo(url_for("auth.sign_in_link", token=token, _external=True))
     click.echo(f"It signs {user.email} in once, within {SIGN_IN_LINK_MINUTES} minutes.", err=True)
 
 
