@@ -131,7 +131,8 @@ def test_a_one_time_link_from_the_cli_signs_an_admin_in_once(client, runner, adm
     shown = client.get(path)
     assert shown.status_code == 200 and "Sign in as dana" in shown.text
     assert client.post(path).status_code == 303
-    assert client.get("/chats/").status_code == 200
+    account = client.get("/account").text
+    assert "You sign in with Acme ID" in account and "Change password" not in account
     client.post("/logout")
     assert client.post(path).status_code == 404  # once only
     assert client.get("/chats/").status_code == 302
