@@ -3,7 +3,7 @@
 
 import sqlalchemy as sa
 
-from tests import oidc_provider
+from tests import factories, oidc_provider
 from tests.oidc_provider import come_back, sign_in_through, start
 from webapp.extensions import db
 from webapp.models import Account, User
@@ -169,3 +169,12 @@ def test_with_several_accounts_newcomers_join_the_one_the_operator_names(client,
     assert sign_in_through(client, provider, "sam-1").status_code == 303
     assert _person("sam@example.com").account_id == stranger.account_id
     assert db.session.scalar(sa.select(sa.func.count()).select_from(Account)) == 2
+
+
+def test_a_newcomer_named_like_an_agent_goes_by_their_email_s_local_part(client, provider, admin):
+    factories.agent(admin.account, "Ada")
+    provider.person("ada-1", email="ada.king@example.com", email_verified=True, name="ada")
+
+    assert sign_in_through(client, provider, "ada-1").status_code == 303
+    person = _person("ada.king@example.com")
+    assert person.name is None and person.display_name == "ada.king"

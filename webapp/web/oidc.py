@@ -19,7 +19,7 @@ from joserfc.errors import JoseError
 
 from webapp.config import ConfigError
 from webapp.extensions import db
-from webapp.models import Account, User
+from webapp.models import Account, Agent, User
 from webapp.models.accounts import MAX_NAME_CHARS, NO_PASSWORD, PersonChangeRefused
 from webapp.web.auth import LoginForm, safe_next, sign_in
 
@@ -166,6 +166,8 @@ def _person_for(claims: dict) -> User:
     """Who signs in: the person linked to this subject, else the person with this verified e-mail (linked from
     now on), else a new member where the operator lets newcomers in. A removed person stays out."""
     config, subject = current_app.config, str(claims["sub"])
+    if len(subject) > 255 or len(str(claims.get("email") or "")) > 254:  # more than any real provider sends
+        raise Refused(_incomplete(), 400)
     person = db.session.scalar(
         sa.select(User).where(User.oidc_issuer == config["OIDC_ISSUER"], User.oidc_subject == subject)
     )
@@ -197,6 +199,11 @@ def _newcomer(claims: dict, email: str) -> User:
     """A new member (an admin if in OIDC_ADMIN_GROUP) of the account the operator named for them, or refused."""
     account = _account_for(claims, email)
     name = " ".join(str(claims.get("name") or "").split())[:MAX_NAME_CHARS] or None
+    agents = sa.select(Agent.id).where(
+        Agent.account_id == account.id, sa.func.lower(Agent.name) == (name or "").lower()
+    )
+    if name and db.session.scalar(agents):
+        name = None  # an agent's name: their e-mail's local part is shown instead, as for anyone unnamed
     person = User(account=account, email=email, name=name, role="member")
     person.password_hash = NO_PASSWORD + secrets.token_urlsafe(16)  # no password; an admin may send a link
     db.session.add(person)
