@@ -251,7 +251,8 @@ def _json_format() -> dict[str, str] | None:
 
 
 def _transcript_lines(chat_id: int, after_id: int, through_id: int) -> list[tuple[int, str]]:
-    """(message id, "[Author]: text") for the finished messages after the cursor, oldest first."""
+    """(message id, "Author: text") for the finished messages after the cursor, oldest first, each on one line
+    (runs of spaces and line breaks as one space)."""
     messages = db.session.scalars(
         sa.select(Message)
         .options(joinedload(Message.user), joinedload(Message.agent))
@@ -264,7 +265,7 @@ def _transcript_lines(chat_id: int, after_id: int, through_id: int) -> list[tupl
         )
         .order_by(Message.id)
     )
-    return [(m.id, f"[{m.author_name}]: {m.content}") for m in messages]
+    return [(m.id, f"{m.author_name}: {' '.join(m.content.split())}") for m in messages]
 
 
 class CursorMoved(Exception):
