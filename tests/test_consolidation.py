@@ -257,9 +257,7 @@ def test_each_agent_extracts_with_its_own_model(group_chat, ada, basil, fake_llm
     ada_prompt = next(r for r in fake_llm.requests if r["model"] == "ada-model")["messages"][0]["content"]
     assert ada_prompt.startswith("You are Ada, a gardener.\n")
     assert "\n1 dana: Hello agents!\n2 Ada: Hello! I'm happy to help." in ada_prompt
-    assert (
-        "existing memories are not changed here" in ada_prompt
-    )  # the prompt promises only what the job does
+    assert "Everything you list is added as a new memory." in ada_prompt  # it promises only what the job does
     assert "update or refine" not in ada_prompt
     assert [a.action for a in db.session.scalars(sa.select(AuditLog))] == ["memory_create", "memory_create"]
 

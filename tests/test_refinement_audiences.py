@@ -3,7 +3,6 @@ by everyone go through one refinement run: the model never reads the private wor
 "everyone" one, and nothing of the private memory is written where everyone hears it. The model here is greedy:
 it writes whatever it read into every memory it may change and into its summary."""
 
-import json
 import re
 
 import pytest

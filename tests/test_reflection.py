@@ -136,9 +136,7 @@ def test_core_memories_beyond_the_budget_are_left_out_and_the_prompt_says_so(app
     listed = prompt.split("Your core memories:")[1].split("Journal entries")[0]
     shown = [m for m in core if f"{m.content}\n" in listed]
     assert shown == core[: len(shown)] and 0 < len(shown) < 30  # the oldest, as in a reply's prompt
-    assert (
-        f"({30 - len(shown)} more are not listed.)" in listed
-    )
+    assert f"({30 - len(shown)} more are not listed.)" in listed
 
 
 def test_one_agents_failure_does_not_stop_the_others(app, admin, agent, journal, fake_llm):

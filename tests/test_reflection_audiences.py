@@ -82,7 +82,9 @@ def test_beside_entries_of_several_audiences_only_what_everyone_hears_is_listed(
     assert ANAS_SECRET not in prompt and BENS_SECRET not in prompt
 
 
-def test_beside_one_audiences_entries_its_own_core_memories_are_listed_and_no_other(ada, chats, cores, fake_llm):
+def test_beside_one_audiences_entries_its_own_core_memories_are_listed_and_no_other(
+    ada, chats, cores, fake_llm
+):
     factories.memory(ada, "Ana is moving lockers next week.", "journal", chat_id=chats[0].id)
     fake_llm.reply(json.dumps({"promote": []}))
 
@@ -108,7 +110,9 @@ def test_with_no_core_memory_every_audience_hears_none_is_listed(ada, chats, fak
 def test_one_request_per_page_whatever_the_audiences(app, ada, chats, fake_llm):
     app.config["MEMORY_TOKEN_BUDGET"] = 200
     for i in range(30):
-        factories.memory(ada, f"Entry {i} about the roses and the weather that day.", "journal", chat_id=chats[i % 2].id)
+        factories.memory(
+            ada, f"Entry {i} about the roses and the weather that day.", "journal", chat_id=chats[i % 2].id
+        )
     fake_llm.default_text = json.dumps({"promote": []})
 
     reflect_agent(ada.id)
