@@ -250,11 +250,14 @@ def prompt_memory(
     scope = (active_memories(agent.id).whereclause, heard)
     # (IS NOT TRUE: "= false" would lead SQLite to the constitutional flag's index, over every agent's rows)
     rankable = (*scope, AgentMemory.constitutional.is_not(True))
-    any_memory, any_to_rank = db.session.execute(
-        sa.select(sa.exists().where(*scope), sa.exists().where(*rankable))
+    any_memory, any_to_rank, vectors = db.session.execute(
+        sa.select(
+            sa.exists().where(*scope), sa.exists().where(*rankable), search.backend().vectors_held(agent.id)
+        )
     ).one()
     # A new agent has nothing to rank (no query embedding, no search) and nothing to list (no budget queries).
-    relevant = _relevant_memories(agent, chat, rankable, *_memory_query(recent)) if any_to_rank else []
+    query = _memory_query(recent)
+    relevant = _relevant_memories(agent, chat, rankable, *query, vectors=vectors) if any_to_rank else []
     within = (
         memories_within(agent.id, now, budget, relevant, heard=heard) if any_memory else MemoryWithin(now=now)
     )
@@ -283,7 +286,13 @@ def _cut(text: str, chars: int) -> str:
 
 
 def _relevant_memories(
-    agent: Agent, chat: Chat, scope: tuple[sa.ColumnElement[bool], ...], message: str, around: str
+    agent: Agent,
+    chat: Chat,
+    scope: tuple[sa.ColumnElement[bool], ...],
+    message: str,
+    around: str,
+    *,
+    vectors: bool,
 ) -> list[int]:
     """The ids of the agent's memories within `scope` (any active one heard here but the constitutional, listed
     anyway) that best match the conversation, best first: the search the recall tool runs, by the words of the
@@ -293,7 +302,8 @@ def _relevant_memories(
     words (a thread and a connection of its own added a second session and its round trips; bench.job_overhead)."""
     if not message:
         return []
-    vector = search.query_vector(_cut(message, QUERY_EMBEDDED_CHARS), agent_id=agent.id, chat_id=chat.id)
+    embedded = _cut(message, QUERY_EMBEDDED_CHARS)
+    vector = search.query_vector(embedded, agent_id=agent.id, chat_id=chat.id, vectors=vectors)
     words = f"{message}\n{around}"
     return search.memory_ids(agent.id, words, RELEVANT_MEMORIES, *scope, vector=vector, meanwhile=False)
 

@@ -186,6 +186,12 @@ def ensure_vector_tables(dimensions: int) -> None:
         )
 
 
+def vectors_held(agent_id: int) -> sa.ColumnElement[bool]:
+    """Whether the agent's memories may have vectors, as a column of a statement asked anyway: the vector tables
+    exist (made at the first embedding, they may not be named before; never dropped)."""
+    return sa.func.to_regclass("memory_vectors").is_not(None)
+
+
 def vector_dimensions() -> int | None:
     exists = db.session.scalar(sa.text("SELECT to_regclass('memory_vectors') IS NOT NULL"))
     if not exists:
