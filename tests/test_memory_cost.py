@@ -8,11 +8,14 @@ import pytest
 import sqlalchemy as sa
 
 from tests import factories
+from tests.querycount import count_queries
 from webapp.extensions import db
 from webapp.jobs.consolidation import consolidate_chat
 from webapp.jobs.extraction import numbered_turns, parse_extraction
 from webapp.llm import targets
 from webapp.models import AgentMemory, MemorySource
+from webapp.prompting.build import build_prompt
+from webapp.search.indexing import index_memories
 
 
 @pytest.fixture
@@ -88,3 +91,28 @@ def test_a_chunk_takes_what_the_window_leaves_beside_the_instructions_and_the_me
         assert target.chunk_tokens("CONSOLIDATION_CHUNK_TOKENS", 100_000) == room // 3
         app.config["CONSOLIDATION_CHUNK_TOKENS"] = 700
         assert target.chunk_tokens("CONSOLIDATION_CHUNK_TOKENS", 100_000, beside=2_500) == 700
+
+
+def test_a_prompt_ranks_200_memories_in_six_statements_more_than_none(app, admin, ada):
+    """Beside a new agent's prompt: its account (the query's embedder; a reply reads it with its agent), the
+    words' counts and the search by words, the query embedding's ledger row, the search by meaning, and the
+    budget's memories with their counts. Whether there are memories and vectors is one statement either way."""
+    chat = factories.chat(admin.account, [ada])
+    factories.message(chat, "Shall we plant roses by the greenhouse wall?", author=admin)
+
+    def statements() -> tuple[list[str], object]:
+        db.session.expire_all()
+        with count_queries() as counted:
+            prompt = build_prompt(chat, ada)
+        return [" ".join(s.split()) for s in counted.statements], prompt
+
+    none, _ = statements()
+    factories.memories(ada, 200)
+    index_memories(list(db.session.scalars(sa.select(AgentMemory.id))))
+    db.session.commit()
+    ranked, prompt = statements()
+
+    assert prompt.sources.memory_ids
+    assert len(ranked) - len(none) == 6
+    assert not [s for s in ranked if "vector_dims" in s or "to_regclass" in s.split(" FROM ")[0]]
+    assert not [s for s in ranked if s.startswith("SELECT count(*)") and "agent_memories" in s]
