@@ -177,7 +177,11 @@ def by_distance(
         in_query(table.c[key], candidates), table.c.model == model
     )
     if admitted is not None:
-        statement = statement.where(table.c[key].in_(admitted))
+        # The scope checked by the candidates' keys (given the scope's query alone, a database reads all of an
+        # agent's memories to check 200).
+        statement = statement.where(
+            table.c[key].in_(admitted.where(in_query(admitted.selected_columns[0], candidates)))
+        )
     rows = db.session.execute(statement.order_by(distance).limit(k)).all()
     return [(row[0], row[1]) for row in rows], (rows[0][2] if rows else None)
 
