@@ -254,9 +254,8 @@ def started_memory(
     *,
     chats: sa.ColumnElement[bool] | None = None,
 ) -> Callable[[], tuple[MemoryWithin, str]]:
-    """prompt_memory in two halves: this one asks whether the agent has memories here (and vectors) and starts the
-    query's embedding on its thread; the function it returns searches, fits the budget and writes the section.
-    A prompt reads its other parts between them, while the embedding, the longest step, runs."""
+    """prompt_memory in two halves: this one asks whether there are memories here (and vectors) and starts the
+    query's embedding; what it returns searches, fits the budget and writes the section (when the rest is read)."""
     if recent is None:
         recent = _recent_messages(chat, None)
     budget = memory_budget(target, agent)
@@ -315,13 +314,13 @@ def _relevant_memories(
     *,
     vectors: bool,
 ) -> Callable[[], list[int]]:
-    """What gives the ids of the agent's memories within `scope` (any active one heard here but the constitutional,
-    listed anyway) that best match the conversation, best first, once called (the query's embedding starts now,
-    on its thread, `vectors` said whether there are any): the search the recall tool runs, by the words of the
-    message and a few of the turns around it, and by the meaning of the message alone (an embedding takes
-    longer the longer its text, and the question is what the reply is about). The search by meaning runs after
-    the words, on the prompt's connection: it waits for the query's embedding, which takes longer than the
-    words (a thread and a connection of its own added a second session and its round trips; bench.job_overhead)."""
+    """What gives, once called, the ids of the agent's memories within `scope` (any active one heard here but the
+    constitutional, listed anyway) that best match the conversation, best first (the query's embedding starts
+    now, if `vectors`): the search the recall tool runs, by the words of the message and a few of the turns
+    around it, and by the meaning of the message alone (an embedding takes longer the longer its text, and the
+    question is what the reply is about). The search by meaning runs after the words, on the prompt's
+    connection: it waits for the query's embedding, which takes longer than the words (a thread and a
+    connection of its own added a second session and its round trips; bench.job_overhead)."""
     if not message:
         return list
     embedded = _cut(message, QUERY_EMBEDDED_CHARS)
