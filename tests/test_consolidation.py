@@ -173,7 +173,7 @@ def test_an_idle_one_to_one_chat_is_consolidated_once(one_to_one, ada, fake_llm)
     assert _finder_chat_ids() == [one_to_one.id]  # the second finder queued nothing more
     assert [r["model"] for r in fake_llm.requests] == ["ada-model"]  # the second run asked no model
     assert (first["agents"], first["journal"], second["agents"]) == (1, 1, 0)
-    assert "[dana]: I only drink green tea." in fake_llm.requests[0]["messages"][0]["content"]
+    assert "\n1 dana: I only drink green tea.\n" in fake_llm.requests[0]["messages"][0]["content"]
     assert _memories(ada) == [("journal", "Dana only drinks green tea")]
     assert _cursor(one_to_one, ada) == last_id
     assert db.session.get(Chat, one_to_one.id).last_consolidated_message_id == last_id
@@ -214,7 +214,7 @@ def test_a_memory_saved_during_the_chat_is_not_stored_again(admin, ada, fake_llm
     counts = consolidate_chat(chat.id)
 
     prompt = fake_llm.requests[0]["messages"][0]["content"]
-    assert ": Dana likes green tea." in prompt  # extraction is shown what save_memory added
+    assert "\n- Dana likes green tea.\n" in prompt  # extraction is shown what save_memory added
     assert "I'll remember that." in prompt
     assert _memories(ada) == [
         ("journal", "Dana likes green tea."),
@@ -255,11 +255,9 @@ def test_each_agent_extracts_with_its_own_model(group_chat, ada, basil, fake_llm
         },
     }
     ada_prompt = next(r for r in fake_llm.requests if r["model"] == "ada-model")["messages"][0]["content"]
-    assert "Your identity:\nYou are Ada, a gardener." in ada_prompt
-    assert "[dana]: Hello agents!" in ada_prompt and "[Ada]: Hello! I'm happy to help." in ada_prompt
-    assert (
-        "existing memories are not changed here" in ada_prompt
-    )  # the prompt promises only what the job does
+    assert ada_prompt.startswith("You are Ada, a gardener.\n")
+    assert "\n1 dana: Hello agents!\n2 Ada: Hello! I'm happy to help." in ada_prompt
+    assert "Everything you list is added as a new memory." in ada_prompt  # it promises only what the job does
     assert "update or refine" not in ada_prompt
     assert [a.action for a in db.session.scalars(sa.select(AuditLog))] == ["memory_create", "memory_create"]
 

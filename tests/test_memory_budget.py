@@ -313,7 +313,7 @@ def test_reflection_pages_through_a_long_journal(app, fake_llm, ada):
     assert result["entries"] == 30
     prompts = [r["messages"][0]["content"] for r in fake_llm.requests]
     assert len(prompts) > 1
-    assert all(count_tokens(p.split("## Recent Journal Entries")[1]) <= 400 for p in prompts)
+    assert all(count_tokens(p.split("Journal entries, by day:")[1]) <= 400 for p in prompts)
     listed = [i for i in range(30) if any(f"Journal entry {i} about" in p for p in prompts)]
     assert listed == list(range(30))  # every entry was shown once, none dropped
 

@@ -95,7 +95,7 @@ def test_consolidation_stores_the_turns_each_memory_names_within_its_chunk(acme,
     consolidate_chat(chat.id)
 
     prompt = fake_llm.requests[0]["messages"][0]["content"]
-    assert "[1] [Ana]: I planted roses by the gate." in prompt and "[3] [Ana]: Red ones" in prompt
+    assert "\n1 Ana: I planted roses by the gate.\n" in prompt and "\n3 Ana: Red ones" in prompt
     ids = [t.id for t in turns]
     assert _sources(_memory("Ana planted red roses.")) == [ids[0], ids[2]]
     assert _sources(_memory("Ada asked about colour.")) == [ids[1]]

@@ -1,9 +1,8 @@
-"""Issue 31.3: refinement and reflection work within one audience at a time. A private chat's memory and one heard
+"""Issue 31.3: refinement works within one audience at a time (reflection: tests/test_reflection_audiences.py). A private chat's memory and one heard
 by everyone go through one refinement run: the model never reads the private words while it can write the
 "everyone" one, and nothing of the private memory is written where everyone hears it. The model here is greedy:
 it writes whatever it read into every memory it may change and into its summary."""
 
-import json
 import re
 
 import pytest
@@ -13,7 +12,6 @@ from tests import factories
 from tests.fake_llm import Scripted
 from webapp.extensions import db
 from webapp.jobs.refinement import refine_agent
-from webapp.jobs.reflection import reflect_agent
 from webapp.models import AgentMemory, AuditLog, MemoryProposal
 from webapp.models.access import EVERYONE, Audience
 
@@ -158,18 +156,3 @@ def test_the_passes_share_the_sessions_turns(app, ada, memories, fake_llm):
     assert len(fake_llm.requests) == 3 and counts["status"] == "incomplete"
     closing = db.session.scalar(sa.select(AuditLog).where(AuditLog.action == "memory_refinement_incomplete"))
     assert closing.data["reason"] == "2 of its 2 passes (one per audience) ended without calling complete"
-
-
-def test_reflection_reads_one_audience_at_a_time(ada, anas_chat, fake_llm):
-    factories.memory(ada, SHARED)
-    factories.memory(ada, PRIVATE, chat_id=anas_chat.id)
-    factories.memory(ada, f"Ana might change the code {SECRET} soon.", "journal", chat_id=anas_chat.id)
-    factories.memory(ada, "The tea room moves upstairs next week.", "journal")
-    fake_llm.default_text = json.dumps({"promote": []})
-
-    reflect_agent(ada.id)
-
-    prompts = _prompts(fake_llm)
-    assert len(prompts) == 2
-    assert all((SECRET in prompt) != ("Tea is served" in prompt) for prompt in prompts)
-    assert all((SECRET in prompt) != ("tea room" in prompt) for prompt in prompts)

@@ -119,10 +119,10 @@ def test_the_prompt_holds_core_memories_and_numbered_journal_entries_and_uses_th
     request = fake_llm.requests[-1]
     prompt = request["messages"][0]["content"]
     assert request["model"] == "ada-model"
-    assert "1. I am a helpful assistant" in prompt
-    today = utcnow().strftime("%Y-%m-%d")
-    assert f"1. [{today}] User prefers concise answers" in prompt
-    assert f"3. [{today}] I work best when I ask clarifying questions" in prompt
+    assert "Your core memories:\n- I am a helpful assistant\n" in prompt
+    today = utcnow().strftime("%Y-%m-%d")  # written once, above the day's entries
+    assert f"\n{today}\n1. User prefers concise answers\n2. Discussed" in prompt
+    assert "\n3. I work best when I ask clarifying questions\n" in prompt
 
 
 def test_core_memories_beyond_the_budget_are_left_out_and_the_prompt_says_so(app, agent, journal, fake_llm):
@@ -133,12 +133,10 @@ def test_core_memories_beyond_the_budget_are_left_out_and_the_prompt_says_so(app
     reflect_agent(agent.id)
 
     prompt = fake_llm.requests[-1]["messages"][0]["content"]
-    listed = prompt.split("## Your Core Memories (permanent)")[1].split("## Recent Journal Entries")[0]
+    listed = prompt.split("Your core memories:")[1].split("Journal entries")[0]
     shown = [m for m in core if f"{m.content}\n" in listed]
     assert shown == core[: len(shown)] and 0 < len(shown) < 30  # the oldest, as in a reply's prompt
-    assert (
-        f"({30 - len(shown)} more core memories did not fit here; they are still in your memory.)" in listed
-    )
+    assert f"({30 - len(shown)} more are not listed.)" in listed
 
 
 def test_one_agents_failure_does_not_stop_the_others(app, admin, agent, journal, fake_llm):

@@ -39,10 +39,11 @@ from webapp.models.memories import (
     add_sources,
     content_hash_of,
 )
-from webapp.models.memory_budget import memories_within
+from webapp.models.memory_budget import MemoryWithin, memories_within
 from webapp.prompting import render
 from webapp.prompting.build import memory_budget
 from webapp.timeutil import utcnow
+from webapp.tokens import count_tokens
 
 log = logging.getLogger(__name__)
 
@@ -206,18 +207,18 @@ def _consolidate_for_agent(link_id: int, through_id: int) -> AgentOutcome:
     )
     budget = memory_budget(target, agent)
     heard = memories_heard_in(link.chat)  # who may read the chat now: its people, read once per run
+    listed = sa.and_(heard, sa.or_(AgentMemory.audience == "everyone", AgentMemory.chat_id == chat_id))
     db.session.commit()
-    chunk_tokens = target.chunk_tokens("CONSOLIDATION_CHUNK_TOKENS", targets.CONSOLIDATION_CHUNK_CAP)
+    instructions = count_tokens(_prompt(identity, MemoryWithin(), ""))
+    chunk_tokens = target.chunk_tokens(
+        "CONSOLIDATION_CHUNK_TOKENS", targets.CONSOLIDATION_CHUNK_CAP, beside=budget + instructions
+    )
     for chunk in chunk_messages(messages, chunk_tokens):
         if cancelled():  # the job was stopped (its time limit): the cursor stays after the last saved chunk
             return outcome
         # Read again for each chunk: it sees the memories the chunks before it added.
-        prompt = render(
-            "consolidation_extract.txt",
-            identity=identity,
-            known=memories_within(agent_id, utcnow(), budget, heard=heard),
-            transcript=numbered_turns(chunk),
-        )
+        known = memories_within(agent_id, utcnow(), budget, heard=listed)
+        prompt = _prompt(identity, known, numbered_turns(chunk))
         db.session.commit()  # no transaction stays open while the model thinks
         try:
             result = llm.complete(
@@ -246,12 +247,22 @@ def _consolidate_for_agent(link_id: int, through_id: int) -> AgentOutcome:
     return outcome
 
 
+def _prompt(identity: str, known: MemoryWithin, transcript: str) -> str:
+    """The extraction request. It lists what the chat already gave (its earlier chunks and runs, what save_memory
+    kept in it) and what the agent holds for everyone, which a conversation's memories would repeat; not every
+    memory of the agent's other chats that may be heard here, each listed in its own chat's extraction (a chat
+    shared with everyone hears them all: 52,127 of 442,210 prompt tokens in bench.memory_cost). An identical
+    memory heard here is still not stored twice (_save_chunk)."""
+    return render("consolidation_extract.txt", identity=identity, known=known, transcript=transcript)
+
+
 def _json_format() -> dict[str, str] | None:
     return {"type": "json_object"} if current_app.config["LLM_JSON_MODE"] else None
 
 
 def _transcript_lines(chat_id: int, after_id: int, through_id: int) -> list[tuple[int, str]]:
-    """(message id, "[Author]: text") for the finished messages after the cursor, oldest first."""
+    """(message id, "Author: text") for the finished messages after the cursor, oldest first, each on one line
+    (runs of spaces and line breaks as one space)."""
     messages = db.session.scalars(
         sa.select(Message)
         .options(joinedload(Message.user), joinedload(Message.agent))
@@ -264,7 +275,7 @@ def _transcript_lines(chat_id: int, after_id: int, through_id: int) -> list[tupl
         )
         .order_by(Message.id)
     )
-    return [(m.id, f"[{m.author_name}]: {m.content}") for m in messages]
+    return [(m.id, f"{m.author_name}: {' '.join(m.content.split())}") for m in messages]
 
 
 class CursorMoved(Exception):

@@ -1,8 +1,10 @@
 """Spec 001: daily, each agent reads its core memories and numbered journal entries of the last 7 days,
 and promotes the entries it chooses to core (the type changes; the content, the audience and the count stay).
 
-Issue 31: it reflects within one audience at a time: each request holds the journal entries and core memories
-of one audience only (webapp.models.access.Audience), so no prompt sets a private chat's words beside others'.
+Issue 44 (after issue 31, which asked one audience at a time): one request per page of entries, whatever their
+audiences. A reflection only picks entries by number and a promoted entry keeps its own audience, so no entry's
+words reach another audience through it; the core memories listed beside a page are only those every entry's
+audience hears (heard by everyone, and the entries' own audience when they share one).
 """
 
 import logging
@@ -22,7 +24,7 @@ from webapp.llm import targets
 from webapp.llm.jsonparse import parse_json_object
 from webapp.llm.targets import ModelTarget
 from webapp.models import Agent, AgentMemory
-from webapp.models.access import Audience, audiences_of
+from webapp.models.access import EVERYONE, Audience, audiences_of
 from webapp.models.audit import record_change
 from webapp.models.memories import core_memories, recent_journal
 from webapp.models.memory_budget import token_pages
@@ -60,9 +62,9 @@ def reflect_all() -> dict[str, int]:
 def reflect_agent(agent_id: int) -> dict[str, Any]:
     """Let one agent choose which of its recent journal entries become core memories.
 
-    Entries are shown an audience at a time and a page at a time, each page within the agent's memory budget
-    (one request per page), beside the oldest core memories of the same audience that fit the same budget;
-    every promotion carries this run's session id.
+    Entries are shown a page at a time, each page within the agent's memory budget (one request per page),
+    beside the oldest core memories every entry of the page's audience hears that fit the same budget; every
+    promotion carries this run's session id.
     """
     agent = db.session.get(Agent, agent_id)
     if agent is None or agent.paused:
@@ -75,11 +77,10 @@ def reflect_agent(agent_id: int) -> dict[str, Any]:
     budget = memory_budget(target, agent)
     totals = {"entries": len(entries), "promoted": 0, "ignored": 0}
     session_id = str(uuid.uuid4())
-    for audience, heard_entries in audiences_of(entries).items():
-        core = _core_listing(agent, audience, budget)
-        for page in token_pages(heard_entries, budget):
-            for key, value in _reflect_on_page(agent, target, core, page, session_id).items():
-                totals[key] = totals.get(key, 0) + value
+    for page in token_pages(entries, budget):
+        core = _core_listing(agent, list(audiences_of(page)), budget)
+        for key, value in _reflect_on_page(agent, target, core, page, session_id).items():
+            totals[key] = totals.get(key, 0) + value
     return totals
 
 
@@ -91,8 +92,12 @@ class CoreListing:
     left_out: int
 
 
-def _core_listing(agent: Agent, audience: Audience, budget: int) -> CoreListing:
-    pages = token_pages(db.session.scalars(core_memories(agent.id).where(audience.holds())).all(), budget)
+def _core_listing(agent: Agent, audiences: list[Audience], budget: int) -> CoreListing:
+    """The oldest core memories that every one of the audiences hears: those heard by everyone, and the audience's
+    own when there is one."""
+    own = [audiences[0].holds()] if len(audiences) == 1 else []
+    heard = sa.or_(EVERYONE.holds(), *own)
+    pages = token_pages(db.session.scalars(core_memories(agent.id).where(heard)).all(), budget)
     listed = pages[0] if pages else []  # the oldest, as in a reply's prompt
     return CoreListing([m.content for m in listed], sum(len(page) for page in pages[1:]))
 
@@ -101,10 +106,14 @@ def _reflect_on_page(
     agent: Agent, target: ModelTarget, core: CoreListing, entries: list[AgentMemory], session_id: str
 ) -> dict[str, int]:
     """One request: the model picks entries of this page to promote."""
-    prompt = render(
-        "reflection.txt", core_memories=core.contents, core_left_out=core.left_out, journal_entries=entries
-    )
     numbered = {i: m.id for i, m in enumerate(entries, start=1)}
+    prompt = render(
+        "reflection.txt",
+        core_memories=core.contents,
+        core_left_out=core.left_out,
+        journal_entries=entries,
+        numbers={memory_id: number for number, memory_id in numbered.items()},
+    )
     agent_id = agent.id
     db.session.commit()  # no transaction stays open while the model thinks
     result = llm.complete(

@@ -185,7 +185,12 @@ def _reread(message_id: int) -> Message | None:
     return db.session.scalar(
         sa.select(Message)
         .where(Message.id == message_id)
-        .options(joinedload(Message.chat), joinedload(Message.agent), joinedload(Message.sources))
+        .options(
+            joinedload(Message.chat),
+            # The agent's account: which embedder a prompt's search asks (webapp.search.embedder.for_search).
+            joinedload(Message.agent).joinedload(Agent.account),
+            joinedload(Message.sources),
+        )
         .execution_options(populate_existing=True)
     )
 

@@ -80,16 +80,18 @@ class ModelTarget:
             budget = min(budget, max(self.context_tokens - self.answer_room(), 1))
         return budget
 
-    def chunk_tokens(self, setting: str, cap: int) -> int:
+    def chunk_tokens(self, setting: str, cap: int, *, beside: int | None = None) -> int:
         """What one memory-job request reads (CONSOLIDATION_CHUNK_TOKENS, COMPACTION_MAX_INPUT_TOKENS): the
-        setting when set, else a third of what the model's window leaves once the answer has its room (beside
-        its instructions and the memory it lists, a third of the input at most, and room for a tokenizer that
-        counts half as much again), up to cap; cap when the window is unknown."""
+        setting when set, else a share of what the model's window leaves once the answer has its room, up to
+        cap; cap when the window is unknown. With `beside` (the tokens of the request's other parts: its
+        instructions and the most the memory it lists may take), all the room they leave, in a tokenizer that
+        counts half as much again (the local model's); else a third of it (room for both)."""
         if setting_value := current_app.config.get(setting):
             return setting_value
         if not self.context_tokens:
             return cap
-        return min(cap, max((self.context_tokens - self.answer_room()) // 3, 1))
+        room = self.context_tokens - self.answer_room()
+        return min(cap, max(room * 2 // 3 - beside if beside is not None else room // 3, 1))
 
     def concurrency(self) -> int:
         """Requests one worker process sends to this connection at once."""

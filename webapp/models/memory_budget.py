@@ -89,9 +89,9 @@ def memories_within(
     chat they are for) are candidates or counted, inside the queries, so the budget is never filled with
     memories that may not be used there.
 
-    Two queries whatever the number of memories: a running sum (a window function) over the few rows that
-    could fit picks those that do, and one count says how many core memories and journal entries of the week
-    there are.
+    One statement whatever the number of memories: a running sum (a window function) over the few rows that
+    could fit picks those that do, each row carrying how many core memories and journal entries of the week
+    there are (counted once, a subquery of one row joined to them); a second only when none fits.
     """
     relevant = list(relevant)
     is_core = AgentMemory.memory_type == "core"
@@ -125,17 +125,24 @@ def memories_within(
         .where(AgentMemory.id.in_(sa.select(candidates.c.id)))
         .subquery()
     )
-    fitting = db.session.scalars(
-        sa.select(AgentMemory)
+    counts = (
+        prompt_memories(agent_id, now)
+        .where(heard)
+        .with_only_columns(
+            sa.func.count().label("listable"),
+            sa.func.coalesce(sa.func.sum(sa.case((is_core, 1), else_=0)), 0).label("core"),
+        )
+    )
+    counted = counts.subquery("counted")
+    rows = db.session.execute(
+        sa.select(AgentMemory, counted.c.listable, counted.c.core)
         .join(ranked, ranked.c.id == AgentMemory.id)
+        .join(counted, sa.true())
         .where(ranked.c.running <= budget)
         .order_by(ranked.c.running)
     ).all()
-    totals = db.session.execute(
-        prompt_memories(agent_id, now)
-        .where(heard)
-        .with_only_columns(sa.func.count(), sa.func.coalesce(sa.func.sum(sa.case((is_core, 1), else_=0)), 0))
-    ).one()
+    fitting = [row[0] for row in rows]
+    totals = rows[0][1:] if rows else db.session.execute(counts).one()
     found = set(relevant)
     # A constitutional memory is listed with the core memories, whatever its type: it never fades.
     permanent = {m.id for m in fitting if m.constitutional or (m.memory_type == "core" and m.id not in found)}

@@ -16,6 +16,17 @@ _env = Environment(
 )
 
 
+def by_day(memories) -> list[tuple[str, list]]:
+    """The memories under the day each was written, in the order given: a prompt writes each date once."""
+    days: dict[str, list] = {}
+    for memory in memories:
+        days.setdefault(f"{memory.created_at:%Y-%m-%d}", []).append(memory)
+    return list(days.items())
+
+
+_env.filters["by_day"] = by_day
+
+
 def render(name: str, **variables) -> str:
     """Fill in the prompt template `name` (a file in templates/) with the given variables."""
     return _env.get_template(name).render(**variables).strip()

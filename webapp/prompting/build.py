@@ -6,6 +6,7 @@ borrowed context, time, participants) at the end.
 """
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -81,19 +82,17 @@ def build_prompt(chat: Chat, agent: Agent, *, before_message_id: int | None = No
     recent = _recent_messages(chat, before_message_id)
     transcript, truncated = _transcript(target, recent, agent)
     heard = chats_heard_in(chat)  # reads who is present in the chat once, for every part of the prompt
+    # The query's embedding runs on its thread while the other parts are read; the memory is chosen after them.
+    memory_chosen = started_memory(target, chat, agent, now, recent, chats=heard)
     borrowed = _staged_borrowed_context(chat, agent, heard)
     borrowed_section = _borrowed_section(borrowed)
-    memory, listed = prompt_memory(target, chat, agent, now, recent, chats=heard)
     summaries = other_conversation_summaries(agent, exclude_chat_id=chat.id, heard=heard)
-    context = [
-        listed,
-        _other_conversations_section(summaries, agent),
-        borrowed_section,
-        _now_section(chat, agent, now),
-    ]
+    others, now_section = _other_conversations_section(summaries, agent), _now_section(chat, agent, now)
+    so_far = _conversation_so_far(target, chat)
+    memory, listed = memory_chosen()
+    context = [listed, others, borrowed_section, now_section]
     if truncated:
         context.insert(0, TRUNCATION_NOTE)
-    so_far = _conversation_so_far(target, chat)
     messages = [
         {"role": "system", "content": agent.identity()},
         *so_far,
@@ -243,6 +242,20 @@ def prompt_memory(
 
     Only what everyone who may read the chat may hear (webapp.models.access.memories_heard_in), inside the
     queries: the search, the budget and the counts of what was left out."""
+    return started_memory(target, chat, agent, now, recent, chats=chats)()
+
+
+def started_memory(
+    target: ModelTarget,
+    chat: Chat,
+    agent: Agent,
+    now: datetime,
+    recent: list[Message] | None = None,
+    *,
+    chats: sa.ColumnElement[bool] | None = None,
+) -> Callable[[], tuple[MemoryWithin, str]]:
+    """prompt_memory in two halves: this one asks whether there are memories here (and vectors) and starts the
+    query's embedding; what it returns searches, fits the budget and writes the section (when the rest is read)."""
     if recent is None:
         recent = _recent_messages(chat, None)
     budget = memory_budget(target, agent)
@@ -250,15 +263,25 @@ def prompt_memory(
     scope = (active_memories(agent.id).whereclause, heard)
     # (IS NOT TRUE: "= false" would lead SQLite to the constitutional flag's index, over every agent's rows)
     rankable = (*scope, AgentMemory.constitutional.is_not(True))
-    any_memory, any_to_rank = db.session.execute(
-        sa.select(sa.exists().where(*scope), sa.exists().where(*rankable))
+    any_memory, any_to_rank, vectors = db.session.execute(
+        sa.select(
+            sa.exists().where(*scope), sa.exists().where(*rankable), search.backend().vectors_held(agent.id)
+        )
     ).one()
     # A new agent has nothing to rank (no query embedding, no search) and nothing to list (no budget queries).
-    relevant = _relevant_memories(agent, chat, rankable, *_memory_query(recent)) if any_to_rank else []
-    within = (
-        memories_within(agent.id, now, budget, relevant, heard=heard) if any_memory else MemoryWithin(now=now)
-    )
-    return within, _memory_section(target, within, agent, budget)
+    query = _memory_query(recent)
+    ranked = _relevant_memories(agent, chat, rankable, *query, vectors=vectors) if any_to_rank else list
+
+    def chosen() -> tuple[MemoryWithin, str]:
+        relevant = ranked()
+        within = (
+            memories_within(agent.id, now, budget, relevant, heard=heard)
+            if any_memory
+            else MemoryWithin(now=now)
+        )
+        return within, _memory_section(target, within, agent, budget)
+
+    return chosen
 
 
 def _memory_query(newest_first: list[Message]) -> tuple[str, str]:
@@ -283,19 +306,29 @@ def _cut(text: str, chars: int) -> str:
 
 
 def _relevant_memories(
-    agent: Agent, chat: Chat, scope: tuple[sa.ColumnElement[bool], ...], message: str, around: str
-) -> list[int]:
-    """The ids of the agent's memories within `scope` (any active one heard here but the constitutional, listed
-    anyway) that best match the conversation, best first: the search the recall tool runs, by the words of the
-    message and a few of the turns around it, and by the meaning of the message alone (an embedding takes
-    longer the longer its text, and the question is what the reply is about). The search by meaning runs after
-    the words, on the prompt's connection: it waits for the query's embedding, which takes longer than the
-    words (a thread and a connection of its own added a second session and its round trips; bench.job_overhead)."""
+    agent: Agent,
+    chat: Chat,
+    scope: tuple[sa.ColumnElement[bool], ...],
+    message: str,
+    around: str,
+    *,
+    vectors: bool,
+) -> Callable[[], list[int]]:
+    """What gives, once called, the ids of the agent's memories within `scope` (any active one heard here but the
+    constitutional, listed anyway) that best match the conversation, best first (the query's embedding starts
+    now, if `vectors`): the search the recall tool runs, by the words of the message and a few of the turns
+    around it, and by the meaning of the message alone (an embedding takes longer the longer its text, and the
+    question is what the reply is about). The search by meaning runs after the words, on the prompt's
+    connection: it waits for the query's embedding, which takes longer than the words (a thread and a
+    connection of its own added a second session and its round trips; bench.job_overhead)."""
     if not message:
-        return []
-    vector = search.query_vector(_cut(message, QUERY_EMBEDDED_CHARS), agent_id=agent.id, chat_id=chat.id)
+        return list
+    embedded = _cut(message, QUERY_EMBEDDED_CHARS)
+    vector = search.query_vector(embedded, agent_id=agent.id, chat_id=chat.id, vectors=vectors)
     words = f"{message}\n{around}"
-    return search.memory_ids(agent.id, words, RELEVANT_MEMORIES, *scope, vector=vector, meanwhile=False)
+    return lambda: search.memory_ids(
+        agent.id, words, RELEVANT_MEMORIES, *scope, vector=vector, meanwhile=False
+    )
 
 
 def _memory_section(target: ModelTarget, within: MemoryWithin, agent: Agent, budget: int) -> str:

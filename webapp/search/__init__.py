@@ -68,12 +68,14 @@ def ranked(model: type, text: str, match: Match, *scope: sa.ColumnElement[bool])
 
 
 def query_vector(
-    text: str, *, agent_id: int | None = None, chat_id: int | None = None
+    text: str, *, agent_id: int | None = None, chat_id: int | None = None, vectors: bool | None = None
 ) -> Future[np.ndarray | None]:
     """The embedding of a query, computed on a thread of its own while the search by words runs (it took 6 to 9
     ms of a recall's 50; bench.recall); its result is None when there are no vectors to search (search is then
-    by words)."""
-    if not text.strip() or vector_dimensions() is None:
+    by words). `vectors`: whether there are, when the caller asked already (the backend's vectors_held)."""
+    if vectors is None:
+        vectors = vector_dimensions() is not None
+    if not text.strip() or not vectors:
         nothing: Future[np.ndarray | None] = Future()
         nothing.set_result(None)
         return nothing

@@ -56,10 +56,14 @@ def _documents(table: str, words: list[str]) -> tuple[int, dict[str, int]]:
     stemmer = snowballstemmer.stemmer("porter")  # one per call: a stemmer is not safe to share across threads
     stems = {word: stemmer.stemWord(word) for word in words}
     vocabulary = sa.table(f"{table}_fts_vocab", sa.column("term"), sa.column("doc"))
+    # One statement: the words' rows, and the highest id as a row of no word.
+    highest = sa.select(sa.null(), sa.func.max(sa.column("id"))).select_from(sa.table(table))
     held = dict(
-        db.session.execute(sa.select(vocabulary).where(vocabulary.c.term.in_(set(stems.values())))).all()
+        db.session.execute(
+            sa.union_all(sa.select(vocabulary).where(vocabulary.c.term.in_(set(stems.values()))), highest)
+        ).all()
     )
-    rows = db.session.scalar(sa.select(sa.func.max(sa.column("id"))).select_from(sa.table(table))) or 0
+    rows = held.pop(None, None) or 0
     return rows, {word: held.get(stem, 0) for word, stem in stems.items()}
 
 
@@ -101,6 +105,13 @@ def ensure_vector_tables(dimensions: int) -> None:
     blob, its model says what it is; a vector per row and model, as a row holds two while a new model's vectors
     are written, webapp.search.embedder). Made here at the first embedding, they changed the schema under the
     other connections, whose statements then failed."""
+
+
+def vectors_held(agent_id: int) -> sa.ColumnElement[bool]:
+    """Whether any of the agent's memories has a vector, as a column of a statement asked anyway (the migration
+    made the tables)."""
+    vectors = sa.table("memory_vectors", sa.column("agent_id"))
+    return sa.exists().where(vectors.c.agent_id == agent_id)
 
 
 def vector_dimensions() -> int | None:
@@ -166,7 +177,11 @@ def by_distance(
         in_query(table.c[key], candidates), table.c.model == model
     )
     if admitted is not None:
-        statement = statement.where(table.c[key].in_(admitted))
+        # The scope checked by the candidates' keys (given the scope's query alone, a database reads all of an
+        # agent's memories to check 200).
+        statement = statement.where(
+            table.c[key].in_(admitted.where(in_query(admitted.selected_columns[0], candidates)))
+        )
     rows = db.session.execute(statement.order_by(distance).limit(k)).all()
     return [(row[0], row[1]) for row in rows], (rows[0][2] if rows else None)
 

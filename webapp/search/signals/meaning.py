@@ -85,12 +85,8 @@ def nearest(
     # One statement: the candidates are a CTE, read once whatever refers to them.
     candidates = database.by_bits(kind, model, vector, owners, None, n).cte("candidates")
     keys = sa.select(candidates.c[0])
-    checked = admitted
-    if admitted is not None:
-        # The scope checked by the candidates' keys: given the scope's query alone, PostgreSQL read all of an
-        # agent's memories to check 200 (6 ms).
-        checked = admitted.where(database.in_query(admitted.selected_columns[0], keys))
-    found, count = database.by_distance(kind, model, vector, keys, checked, k)
+    # Each database checks the candidates against the scope its own way (by_distance).
+    found, count = database.by_distance(kind, model, vector, keys, admitted, k)
     if admitted is not None and len(found) < k and count in (None, n):
         candidates = database.by_bits(kind, model, vector, owners, admitted, n).cte("candidates")
         found, _count = database.by_distance(kind, model, vector, sa.select(candidates.c[0]), None, k)

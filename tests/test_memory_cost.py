@@ -1,0 +1,118 @@
+"""Issue 44: memory work at its cost floor. Consolidation's request holds each turn on one short numbered line,
+lists what a conversation's memories would repeat (what the chat gave, what the agent holds for everyone), and
+reads as much at once as the model's window leaves; tokens are counted, never timed."""
+
+import json
+
+import pytest
+import sqlalchemy as sa
+
+from tests import factories
+from tests.querycount import count_queries
+from webapp.extensions import db
+from webapp.jobs.consolidation import consolidate_chat
+from webapp.jobs.extraction import numbered_turns, parse_extraction
+from webapp.llm import targets
+from webapp.models import AgentMemory, MemorySource
+from webapp.prompting.build import build_prompt
+from webapp.search.indexing import index_memories
+
+
+@pytest.fixture
+def ada(admin):
+    return factories.agent(admin.account, "Ada")
+
+
+def _prompts(fake_llm) -> list[str]:
+    return [r["messages"][0]["content"] for r in fake_llm.requests]
+
+
+def test_each_turn_is_one_numbered_line_and_a_memory_names_turns_by_those_numbers(admin, ada, fake_llm):
+    chat = factories.chat(admin.account, [ada])
+    first = factories.message(chat, "I planted roses\n\n  by the   gate.", author=admin)
+    factories.message(chat, "Lovely!", author=ada)
+    third = factories.message(chat, "Red ones, from my grandmother.", author=admin)
+    fake_llm.reply(
+        json.dumps({"journal": [{"memory": "Red roses by the gate.", "turns": [1, 3]}], "core": []})
+    )
+
+    consolidate_chat(chat.id, force=True)
+
+    [prompt] = _prompts(fake_llm)
+    name = first.author_name
+    transcript = prompt.split("Conversation:\n")[1]
+    assert (
+        transcript
+        == f"1 {name}: I planted roses by the gate.\n2 Ada: Lovely!\n3 {name}: Red ones, from my grandmother."
+    )
+    memory = db.session.scalar(sa.select(AgentMemory).where(AgentMemory.agent_id == ada.id))
+    sources = db.session.scalars(
+        sa.select(MemorySource.message_id).where(MemorySource.memory_id == memory.id)
+    )
+    assert sorted(sources) == [first.id, third.id]
+
+
+def test_numbered_turns_and_their_parsing_agree():
+    chunk = [(101, "Ana: one"), (102, "Ada: two"), (103, "Ana: three")]
+    assert numbered_turns(chunk) == "1 Ana: one\n2 Ada: two\n3 Ana: three"
+    parsed = parse_extraction(
+        '{"journal": [{"memory": "m", "turns": ["3", 1, 9]}], "core": []}', [101, 102, 103]
+    )
+    assert parsed["journal"][0].sources == [101, 103]
+
+
+def test_extraction_lists_what_the_chat_gave_and_what_everyone_hears_not_other_chats_memories(
+    admin, ada, fake_llm
+):
+    chat, other = factories.chat(admin.account, [ada], "Roses"), factories.chat(admin.account, [ada], "Tax")
+    factories.memory(ada, "I am a careful gardener.")  # heard by everyone
+    factories.memory(ada, "The roses went in last spring.", "journal", chat_id=chat.id)
+    factories.memory(
+        ada, "The tax return is due in April.", "journal", chat_id=other.id
+    )  # heard here, not listed
+    factories.message(chat, "The roses are blooming.", author=admin)
+    fake_llm.reply(json.dumps({"journal": ["The tax return is due in April."], "core": []}))
+
+    counts = consolidate_chat(chat.id, force=True)
+
+    [prompt] = _prompts(fake_llm)
+    assert "- I am a careful gardener." in prompt and "- The roses went in last spring." in prompt
+    assert "tax return" not in prompt
+    assert counts["duplicates"] == 1  # what is heard here is still not stored twice
+
+
+def test_a_chunk_takes_what_the_window_leaves_beside_the_instructions_and_the_memory_listed(app):
+    with app.test_request_context():
+        target = targets.for_environment("smollm2")  # the local model: an 8k window
+        room = target.context_tokens - target.answer_room()
+        assert (
+            target.chunk_tokens("CONSOLIDATION_CHUNK_TOKENS", 100_000, beside=2_500) == room * 2 // 3 - 2_500
+        )
+        assert target.chunk_tokens("CONSOLIDATION_CHUNK_TOKENS", 100_000) == room // 3
+        app.config["CONSOLIDATION_CHUNK_TOKENS"] = 700
+        assert target.chunk_tokens("CONSOLIDATION_CHUNK_TOKENS", 100_000, beside=2_500) == 700
+
+
+def test_a_prompt_ranks_200_memories_in_six_statements_more_than_none(app, admin, ada):
+    """Beside a new agent's prompt: its account (the query's embedder; a reply reads it with its agent), the
+    words' counts and the search by words, the query embedding's ledger row, the search by meaning, and the
+    budget's memories with their counts. Whether there are memories and vectors is one statement either way."""
+    chat = factories.chat(admin.account, [ada])
+    factories.message(chat, "Shall we plant roses by the greenhouse wall?", author=admin)
+
+    def statements() -> tuple[list[str], object]:
+        db.session.expire_all()
+        with count_queries() as counted:
+            prompt = build_prompt(chat, ada)
+        return [" ".join(s.split()) for s in counted.statements], prompt
+
+    none, _ = statements()
+    factories.memories(ada, 200)
+    index_memories(list(db.session.scalars(sa.select(AgentMemory.id))))
+    db.session.commit()
+    ranked, prompt = statements()
+
+    assert prompt.sources.memory_ids
+    assert len(ranked) - len(none) == 6
+    assert not [s for s in ranked if "vector_dims" in s or "to_regclass" in s.split(" FROM ")[0]]
+    assert not [s for s in ranked if s.startswith("SELECT count(*)") and "agent_memories" in s]
