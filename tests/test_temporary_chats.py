@@ -102,7 +102,7 @@ def test_a_temporary_chat_leaves_no_memory_summary_or_consolidation(
     assert _count(AgentMemory) == 0
     assert _count(ChatAgent, ChatAgent.agent_summary.is_not(None)) == 0
     assert found == {"chats": 0}
-    consolidations = _count(LlmCall, LlmCall.purpose.in_(("consolidation", "summary")))
+    consolidations = _count(LlmCall, LlmCall.purpose.in_(("extract", "summarize")))
     assert consolidations == 0 and _count(JobRun, JobRun.job_type == "summarize") <= 1
 
 

@@ -115,8 +115,19 @@ def everything(acme, admin, member, smol, fake_llm):
 
 
 # Not pages of the signed-in web: other doors (/v1, /mcp, with their own keys), a live stream, a sign-in link
-# for a person without a password, the sign-in page, files.
-NOT_PAGES = {"api.models", "api.model", "mcp.relay", "chats.stream", "people.welcome", "auth.login", "static"}
+# for a person without a password and a one-time sign-in link, the sign-in page and the identity provider's
+# callback, files.
+NOT_PAGES = {
+    "api.models",
+    "api.model",
+    "mcp.relay",
+    "chats.stream",
+    "people.welcome",
+    "auth.sign_in_link",
+    "auth.login",
+    "oidc.callback",
+    "static",
+}
 
 
 def _pages(app, values: dict) -> list[str]:
@@ -274,5 +285,6 @@ def test_a_prompt_is_built_and_the_reply_fails_at_the_model_call_saying_what_is_
         reply.error
     )
     assert fake_llm.requests == []  # never asked, never retried
-    call = db.session.scalar(sa.select(LlmCall))
+    reply_call = sa.select(LlmCall).where(LlmCall.purpose == "reply")  # not the query's embedding
+    call = db.session.scalar(reply_call)
     assert (call.status, call.model) == ("error", "smollm2") and call.error.startswith(NOT_INSTALLED)
