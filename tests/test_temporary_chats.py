@@ -11,12 +11,11 @@ from datetime import timedelta
 import pytest
 import sqlalchemy as sa
 import time_machine
-from flask import g
 
 from tests import factories
-from tests.conftest import Auth
 from tests.test_api_v1 import _ask as api_ask
 from tests.test_api_v1 import _body, _key
+from tests.test_derived_privacy import _client, _each_request_signs_in_afresh  # noqa: F401  (autouse)
 from tests.test_memory_audience import _person, ana, ben  # noqa: F401  (fixtures)
 from webapp.actions import memory as memory_actions
 from webapp.agent_files.export_chats import included_chats
@@ -31,23 +30,10 @@ from webapp.timeutil import utcnow
 SECRET = "my new door code is 4471-PLUM"
 
 
-@pytest.fixture(autouse=True)
-def _each_request_signs_in_afresh(app):
-    @app.before_request
-    def _forget_the_last_user() -> None:
-        g.pop("_login_user", None)
-
-
 @pytest.fixture
 def ada(acme):
     tools = ["save_memory", "recall", "borrow_context"]
     return factories.agent(acme, "Ada", enabled_tools=tools, consolidates_direct_chats=True)
-
-
-def _client(app, person):
-    auth = Auth(app.test_client())
-    auth.login(person)
-    return auth.client
 
 
 def _ask(fake_llm, chat, person, agent, text, *tool_calls, answer="Noted."):
