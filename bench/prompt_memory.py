@@ -176,7 +176,7 @@ def main() -> None:
         with_relevance = _timed(chats, agent)
         build.QUERY_CONTEXT_WORDS = 0
         message_only = _timed(chats, agent)
-        build._relevant_memories = lambda *_args: []
+        build._relevant_memories = lambda *_args, **_kwargs: list  # nothing ranked
         without = _timed(chats, agent)
         build._relevant_memories, build.QUERY_CONTEXT_WORDS = relevant, context_words
         print(f"{'build_prompt':<32} | {'p50 ms':>7} | {'p95 ms':>7} | {'p50 CPU ms':>10} | {'queries':>7}")

@@ -249,16 +249,15 @@ def by_distance(
     table = sa.table(name, sa.column(key), sa.column("model"))
     distance = sa.literal_column(f"{name}.embedding").op("<=>")(_query_vector(vector))
     counted = sa.select(sa.func.count()).select_from(candidates.subquery()).scalar_subquery()
+    if admitted is not None:
+        # The admitted ids among the candidates, read once: checked by a correlated EXISTS, PostgreSQL without
+        # statistics yet (a table just written) read the agent's memories once per candidate (200 x 100 rows:
+        # 7 ms of a prompt, against 1; bench.job_overhead --memories 200), and as `key IN (...)` it joined by
+        # such a loop whatever the statistics.
+        candidates = admitted.where(in_query(admitted.selected_columns[0], candidates))
     statement = sa.select(table.c[key], distance.label("distance"), counted).where(
         in_query(table.c[key], candidates), table.c.model == model
     )
-    if admitted is not None:
-        # Each candidate checked by its own id, a correlated EXISTS kept from becoming a join (OFFSET 0): as
-        # `key IN (the admitted ids among the candidates)`, PostgreSQL, misjudging how few rows the scope holds,
-        # joined by a loop that read the agent's memories once per candidate (200 x 100 rows: 25 ms of a
-        # prompt's 48 with 200 memories, against 1; bench.job_overhead --memories 200).
-        checked = admitted.where(admitted.selected_columns[0] == table.c[key]).offset(0)
-        statement = statement.where(sa.exists(checked))
     rows = db.session.execute(statement.order_by(sa.literal_column("distance")).limit(k)).all()
     return [(row[0], row[1]) for row in rows], (rows[0][2] if rows else None)
 
