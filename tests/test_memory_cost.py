@@ -3,19 +3,22 @@ lists what a conversation's memories would repeat (what the chat gave, what the 
 reads as much at once as the model's window leaves; tokens are counted, never timed."""
 
 import json
+import threading
 
 import pytest
 import sqlalchemy as sa
 
 from tests import factories
 from tests.querycount import count_queries
+from webapp import llm
 from webapp.extensions import db
 from webapp.jobs.consolidation import consolidate_chat
 from webapp.jobs.extraction import numbered_turns, parse_extraction
 from webapp.llm import targets
-from webapp.models import AgentMemory, MemorySource
+from webapp.models import AgentMemory, LlmCall, MemorySource
 from webapp.prompting.build import build_prompt
 from webapp.search.indexing import index_memories
+from webapp.search.signals import meaning
 
 
 @pytest.fixture
@@ -116,3 +119,38 @@ def test_a_prompt_ranks_200_memories_in_six_statements_more_than_none(app, admin
     assert len(ranked) - len(none) == 6
     assert not [s for s in ranked if "vector_dims" in s or "to_regclass" in s.split(" FROM ")[0]]
     assert not [s for s in ranked if s.startswith("SELECT count(*)") and "agent_memories" in s]
+
+
+def test_the_search_by_meaning_does_not_wait_for_the_query_embeddings_ledger_row(
+    app, admin, ada, monkeypatch
+):
+    """The query's vector is handed to the search before its cost-ledger row is written (a few ms of a reply's
+    path); the row is written all the same before the search returns."""
+    chat = factories.chat(admin.account, [ada])
+    factories.message(chat, "Shall we plant roses by the greenhouse wall?", author=admin)
+    factories.memories(ada, 5)
+    index_memories(list(db.session.scalars(sa.select(AgentMemory.id))))
+    db.session.commit()
+    searched, write = threading.Event(), llm._write_ledger_rows
+    nearest = meaning.nearest
+
+    def search_by_meaning(*args, **kwargs):
+        searched.set()
+        return nearest(*args, **kwargs)
+
+    def ledger_once_searched(rows):
+        rows_of_query = [r for r in rows if r["purpose"] == "embedding"]
+        # Written before the vector was given, the search would wait for this: never set, it times out.
+        assert not rows_of_query or searched.wait(10), "the ledger row held the search back"
+        write(rows)
+
+    monkeypatch.setattr(meaning, "nearest", search_by_meaning)
+    monkeypatch.setattr(llm, "_write_ledger_rows", ledger_once_searched)
+
+    prompt = build_prompt(chat, ada)
+
+    assert prompt.sources.memory_ids and searched.is_set()
+    embedded = db.session.scalars(
+        sa.select(LlmCall).where(LlmCall.purpose == "embedding", LlmCall.chat_id == chat.id)
+    )
+    assert [(c.agent_id, c.status) for c in embedded] == [(ada.id, "ok")]

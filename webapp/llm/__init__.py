@@ -9,7 +9,8 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
@@ -95,8 +96,30 @@ def _write_held_ledger_rows(_error: BaseException | None) -> None:
     _held_rows.set(None)
     if rows:
         db.session.remove()  # gives the connection back
-        with db.engine.begin() as conn:
-            conn.execute(sa.insert(LlmCall), rows)
+        _write_ledger_rows(rows)
+
+
+@contextmanager
+def ledger_rows_at_end() -> Iterator[None]:
+    """The ledger rows recorded inside are written as it ends, in one statement: so what the calls gave may be
+    handed over first (a query's embedding, to the search waiting for it). Held already for a request, they
+    stay held for its end."""
+    if _held_rows.get() is not None:
+        yield
+        return
+    held = _held_rows.set([])
+    try:
+        yield
+    finally:
+        rows = _held_rows.get()
+        _held_rows.reset(held)
+        if rows:
+            _write_ledger_rows(rows)
+
+
+def _write_ledger_rows(rows: list[dict[str, Any]]) -> None:
+    with db.engine.begin() as conn:
+        conn.execute(sa.insert(LlmCall), rows)
 
 
 def complete(
@@ -394,5 +417,4 @@ def record_call(fields: dict[str, Any], started: float, **outcome: Any) -> None:
     if (held := _held_rows.get()) is not None:
         held.append(row)
         return
-    with db.engine.begin() as conn:
-        conn.execute(sa.insert(LlmCall), [row])
+    _write_ledger_rows([row])

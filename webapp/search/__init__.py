@@ -31,6 +31,7 @@ import sqlalchemy as sa
 from flask import Flask, current_app
 from sqlalchemy.orm import joinedload, lazyload
 
+from webapp import llm
 from webapp.extensions import db
 from webapp.models import Agent, AgentMemory, Chat, MemorySource, Message, User
 from webapp.search import embedder, mentions, signals
@@ -67,6 +68,14 @@ def ranked(model: type, text: str, match: Match, *scope: sa.ColumnElement[bool])
     return backend().lexical(model, words, match, scope).subquery(f"{model.__tablename__}_hits")
 
 
+class QueryVector(Future):
+    """The embedding of a query, to come (the Future's result), and `recorded`: its row in the cost ledger, written
+    just after the vector is given, so that no search waits for the ledger's round trips (4 to 6 ms of a
+    reply's; bench.job_overhead --memories 200). A search waits for it once done (_signals)."""
+
+    recorded: "Future[None]"
+
+
 def query_vector(
     text: str, *, agent_id: int | None = None, chat_id: int | None = None, vectors: bool | None = None
 ) -> Future[np.ndarray | None]:
@@ -81,24 +90,34 @@ def query_vector(
         return nothing
     app = current_app._get_current_object()  # type: ignore[attr-defined]
     using = embedder.for_search(agent_id, chat_id)  # read here: the thread may have no connection to spare
+    vector = QueryVector()
     # In a copy of the caller's context (the job run its cost is recorded under), in an app context of its own.
-    return _embedding_threads.submit(
-        contextvars.copy_context().run, _embedded, app, text, agent_id, chat_id, using
+    vector.recorded = _embedding_threads.submit(
+        contextvars.copy_context().run, _embed, vector, app, text, agent_id, chat_id, using
     )
+    return vector
 
 
 _embedding_threads = ThreadPoolExecutor(max_workers=4, thread_name_prefix="query-embedding")
 
 
-def _embedded(
-    app: Flask, text: str, agent_id: int | None, chat_id: int | None, using: embedder.Embedder
-) -> np.ndarray | None:
-    with app.app_context():
+def _embed(
+    vector: QueryVector,
+    app: Flask,
+    text: str,
+    agent_id: int | None,
+    chat_id: int | None,
+    using: embedder.Embedder,
+) -> None:
+    with app.app_context(), llm.ledger_rows_at_end():
         try:
-            return embedder.embed([text], agent_id=agent_id, chat_id=chat_id, using=using)[0]
+            vector.set_result(embedder.embed([text], agent_id=agent_id, chat_id=chat_id, using=using)[0])
         except embedder.EmbeddingError as error:
             log.warning("searching by words only: %s", error)
-            return None
+            vector.set_result(None)
+        except BaseException as error:
+            vector.set_exception(error)
+            raise
 
 
 def vector_dimensions() -> int | None:
@@ -195,7 +214,10 @@ def _signals(query: signals.Query) -> list[Signal]:
     """The ranked list of every kind of evidence (webapp.search.signals), in its order: each search started before
     any is read, so the meaning's may run on a thread of its own meanwhile."""
     started = [(evidence, evidence.search(query)) for evidence in signals.REGISTRY]
-    return [Signal(hits(), evidence.weight, evidence.alone_at_least) for evidence, hits in started]
+    found = [Signal(hits(), evidence.weight, evidence.alone_at_least) for evidence, hits in started]
+    if isinstance(query.vector, QueryVector):
+        query.vector.recorded.result()  # written meanwhile: the ledger holds the query's cost once a search is done
+    return found
 
 
 def sources(memory_ids: list[int], chats: sa.Select) -> dict[int, list[int]]:
