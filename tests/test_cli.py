@@ -179,3 +179,18 @@ def test_upgrading_a_database_with_data_keeps_it(tmp_path):
         assert conn.execute(sa.text("SELECT count(*) FROM llm_calls WHERE job_run_id = 1")).scalar() == 1
         assert conn.execute(sa.text("SELECT account_id FROM job_runs")).scalar() is None
     engine.dispose()
+
+
+def test_a_job_run_now_without_redis_says_so_in_a_sentence(tmp_path):
+    env = {
+        "DATABASE_URL": f"sqlite:///{tmp_path}/x.db",
+        "REDIS_URL": f"redis://:secret@127.0.0.1:{free_port()}/0",
+    }
+    assert flask("db", "upgrade", env=env).returncode == 0
+
+    result = flask("jobs", "ping", "--now", env=env)
+
+    assert result.returncode == 1
+    assert "Cannot reach REDIS_URL at redis://:***@127.0.0.1:" in result.stderr
+    assert "Start Redis (`make run` starts one) or set REDIS_URL" in result.stderr
+    assert "Traceback" not in result.stderr and "secret" not in result.stderr

@@ -8,6 +8,7 @@ import sqlalchemy as sa
 from flask import current_app, url_for
 from flask.cli import AppGroup
 
+from webapp.cli.options import now_option
 from webapp.extensions import db
 from webapp.jobs import schedule
 from webapp.jobs.ping import ping
@@ -225,7 +226,7 @@ def demo_seed() -> None:
 
 
 @jobs_cli.command("ping")
-@click.option("--now", is_flag=True, help="Run inline instead of through the worker.")
+@now_option()
 def jobs_ping(now: bool) -> None:
     """Enqueue (or run) the ping job, which records itself in job_runs."""
     if now:
@@ -237,7 +238,7 @@ def jobs_ping(now: bool) -> None:
 
 
 @jobs_cli.command("delete-temporary-chats")
-@click.option("--now", is_flag=True, help="Run inline instead of through the worker.")
+@now_option()
 def jobs_delete_temporary_chats(now: bool) -> None:
     """Delete for good the temporary chats their people's setting says are due (hourly on its own)."""
     if now:

@@ -9,7 +9,7 @@ from flask.cli import AppGroup
 from sqlalchemy.orm import contains_eager
 
 from webapp import search
-from webapp.cli.options import agent_option
+from webapp.cli.options import agent_option, now_option
 from webapp.extensions import db
 from webapp.jobs.consolidation import (
     consolidate_chat,
@@ -75,7 +75,7 @@ def _run_one(func, args: tuple, now: bool, label: str) -> None:
     type=int,
     help="One chat (default: every idle chat, group or one-to-one, that needs it).",
 )
-@click.option("--now", is_flag=True, help="Run inline instead of through the worker.")
+@now_option()
 def consolidate(chat_id: int | None, now: bool) -> None:
     """Consolidate idle chats into their agents' memories (with --now: exit 1 if an agent's extraction failed)."""
     if chat_id is not None:
@@ -90,7 +90,7 @@ def consolidate(chat_id: int | None, now: bool) -> None:
 
 @memories_cli.command("reflect")
 @agent_option(help="One agent, by name, slug or id (default: every agent with recent journal).")
-@click.option("--now", is_flag=True, help="Run inline instead of through the worker.")
+@now_option()
 def reflect(agent: Agent | None, now: bool) -> None:
     """Let agents promote journal entries to core memories."""
     if agent is not None:
@@ -103,7 +103,7 @@ def reflect(agent: Agent | None, now: bool) -> None:
 
 @memories_cli.command("refine")
 @agent_option(help="One agent, by name, slug or id, refined even if not due (default: every due agent).")
-@click.option("--now", is_flag=True, help="Run inline instead of through the worker.")
+@now_option()
 def refine(agent: Agent | None, now: bool) -> None:
     """Run memory refinement sessions."""
     if agent is not None:

@@ -13,8 +13,10 @@ from typing import Any
 
 import click
 import sqlalchemy as sa
+from redis.exceptions import RedisError
 
 from webapp.extensions import db
+from webapp.jobs.queue import unreachable_redis
 from webapp.models import Account, Agent
 
 AGENT_HELP = "An agent: its name, slug or id."
@@ -76,5 +78,26 @@ def agent_option(*, required: bool = False, help: str = AGENT_HELP) -> Callable:
 
         with_account = click.option("--account", default=None, metavar="ACCOUNT", help=ACCOUNT_HELP)(resolved)
         return click.option("--agent", required=required, metavar="NAME_OR_ID", help=help)(with_account)
+
+    return decorate
+
+
+def now_option(help: str = "Run inline instead of through the worker.") -> Callable[[Callable], Callable]:
+    """`--now`: run a job here and now rather than queue it for a worker. A job run here still takes its run's
+    lock in Redis: when Redis does not answer, the command says so in a sentence (not a traceback)."""
+
+    def decorate(command: Callable) -> Callable:
+        @click.option("--now", is_flag=True, help=help)
+        @functools.wraps(command)
+        def run(*args: Any, now: bool, **kwargs: Any) -> Any:
+            try:
+                return command(*args, now=now, **kwargs)
+            except RedisError as error:
+                raise click.ClickException(
+                    f"{unreachable_redis(error)}. Start Redis (`make run` starts one) or set REDIS_URL, "
+                    "then run the command again."
+                ) from error
+
+        return run
 
     return decorate

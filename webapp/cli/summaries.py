@@ -4,7 +4,7 @@ import click
 import sqlalchemy as sa
 from flask.cli import AppGroup
 
-from webapp.cli.options import agent_option
+from webapp.cli.options import agent_option, now_option
 from webapp.extensions import db
 from webapp.jobs.queue import enqueue
 from webapp.jobs.summaries import summarize
@@ -37,7 +37,7 @@ def _missing(agent_id: int | None) -> list[ChatAgent]:
 
 @summaries_cli.command("backfill")
 @agent_option(help="Only this agent: its name, slug or id.")
-@click.option("--now", is_flag=True, help="Generate inline instead of enqueueing one job per summary.")
+@now_option("Generate inline instead of enqueueing one job per summary.")
 def backfill(agent: Agent | None, now: bool) -> None:
     """Generate the missing summaries of active conversations (enqueued for the workers unless --now)."""
     missing = [(row.chat_id, row.agent_id) for row in _missing(agent.id if agent else None)]

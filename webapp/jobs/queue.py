@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import urlsplit
 
 import sqlalchemy as sa
 from flask import Flask, current_app
@@ -375,7 +376,14 @@ def wait_for_redis(seconds: float = 30) -> None:
             return
         except (RedisError, OSError) as e:
             if time.monotonic() > deadline:
-                url = current_app.config["REDIS_URL"]
-                variable = "the embedded redis" if current_app.config["EMBEDDED_REDIS"] else "REDIS_URL"
-                raise SystemExit(f"Cannot reach {variable} at {url}: {e}") from e
+                raise SystemExit(unreachable_redis(e)) from e
             time.sleep(0.2)
+
+
+def unreachable_redis(error: BaseException) -> str:
+    """What to say when Redis does not answer."""
+    url = urlsplit(current_app.config["REDIS_URL"])
+    if url.password:
+        url = url._replace(netloc=url.netloc.replace(f":{url.password}@", ":***@"))
+    variable = "the embedded redis" if current_app.config["EMBEDDED_REDIS"] else "REDIS_URL"
+    return f"Cannot reach {variable} at {url.geturl()}: {error}"
