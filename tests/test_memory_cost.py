@@ -9,6 +9,7 @@ import pytest
 import sqlalchemy as sa
 
 from tests import factories
+from tests.conftest import POSTGRES_URL
 from tests.querycount import count_queries
 from webapp import llm
 from webapp.extensions import db
@@ -154,3 +155,43 @@ def test_the_search_by_meaning_does_not_wait_for_the_query_embeddings_ledger_row
         sa.select(LlmCall).where(LlmCall.purpose == "embedding", LlmCall.chat_id == chat.id)
     )
     assert [(c.agent_id, c.status) for c in embedded] == [(ada.id, "ok")]
+
+
+@pytest.mark.skipif(
+    not POSTGRES_URL, reason="the plan is PostgreSQL's (SQLite checks each candidate by its key)"
+)
+@pytest.mark.parametrize("statistics", [False, True])
+def test_the_search_by_meaning_reads_the_scope_once_whatever_the_statistics(app, admin, ada, statistics):
+    """The memories a prompt may use are read once for the 200 candidates by meaning, not once per candidate:
+    PostgreSQL, with no statistics yet of a table just written, read the agent's memories 200 times (7 ms)."""
+    chat = factories.chat(admin.account, [ada])
+    factories.message(chat, "Shall we plant roses by the greenhouse wall?", author=admin)
+    factories.memories(ada, 200)
+    index_memories(list(db.session.scalars(sa.select(AgentMemory.id))))
+    db.session.commit()
+    if statistics:
+        db.session.execute(sa.text("ANALYZE agent_memories, memory_vectors"))
+    searched = []
+
+    def remember(_conn, _cursor, statement, parameters, *_args):
+        if statement.startswith("WITH candidates"):
+            searched.append((statement, parameters))
+
+    sa.event.listen(db.engine, "before_cursor_execute", remember)
+    try:
+        build_prompt(chat, ada)
+    finally:
+        sa.event.remove(db.engine, "before_cursor_execute", remember)
+
+    [(statement, parameters)] = searched
+    [[[plan]]] = db.session.connection().exec_driver_sql(
+        f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", parameters
+    )
+    loops = [
+        node["Actual Loops"] for node in _nodes(plan["Plan"]) if node.get("Relation Name") == "agent_memories"
+    ]
+    assert loops == [1]
+
+
+def _nodes(node: dict) -> list[dict]:
+    return [node, *(found for child in node.get("Plans", []) for found in _nodes(child))]
