@@ -11,11 +11,10 @@ import sqlalchemy as sa
 from tests import factories
 from tests.conftest import POSTGRES_URL
 from tests.querycount import count_queries
-from webapp import llm
 from webapp.extensions import db
 from webapp.jobs.consolidation import consolidate_chat
 from webapp.jobs.extraction import numbered_turns, parse_extraction
-from webapp.llm import targets
+from webapp.llm import ledger, targets
 from webapp.models import AgentMemory, LlmCall, MemorySource
 from webapp.prompting.build import build_prompt
 from webapp.search.indexing import index_memories
@@ -132,7 +131,7 @@ def test_the_search_by_meaning_does_not_wait_for_the_query_embeddings_ledger_row
     factories.memories(ada, 5)
     index_memories(list(db.session.scalars(sa.select(AgentMemory.id))))
     db.session.commit()
-    searched, write = threading.Event(), llm._write_ledger_rows
+    searched, write = threading.Event(), ledger._write_rows
     nearest = meaning.nearest
 
     def search_by_meaning(*args, **kwargs):
@@ -146,7 +145,7 @@ def test_the_search_by_meaning_does_not_wait_for_the_query_embeddings_ledger_row
         write(rows)
 
     monkeypatch.setattr(meaning, "nearest", search_by_meaning)
-    monkeypatch.setattr(llm, "_write_ledger_rows", ledger_once_searched)
+    monkeypatch.setattr(ledger, "_write_rows", ledger_once_searched)
 
     prompt = build_prompt(chat, ada)
 

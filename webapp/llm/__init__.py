@@ -9,23 +9,18 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import openai
-import sqlalchemy as sa
 from flask import Flask, current_app
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from webapp import config
-from webapp.extensions import db
+from webapp.llm import ledger
+from webapp.llm.ledger import record_call
 from webapp.llm.targets import ModelTarget
-from webapp.models import LlmCall
-from webapp.models.runs import current_job_run_id
-from webapp.timeutil import utcnow
 from webapp.tokens import count_tokens
 
 RETRYABLE_STATUS = {408, 409, 429}
@@ -77,49 +72,8 @@ def init_app(app: Flask) -> None:
     app.extensions["llm_clients"] = {}
     app.extensions["llm_slots"] = {}
     if config.one_connection(app.config):
-        app.before_request(_hold_ledger_rows)
-        app.teardown_request(_write_held_ledger_rows)
-
-
-# With one database connection in the process (SQLite under gevent: webapp.config.engine_options), a request holds
-# it until it ends, so a ledger row cannot be written on a connection of its own meanwhile (the chat's memory page
-# waited 30 s for one, to embed its query). The request's rows are held, and written once it let the connection go.
-_held_rows: ContextVar[list[dict[str, Any]] | None] = ContextVar("held_ledger_rows", default=None)
-
-
-def _hold_ledger_rows() -> None:
-    _held_rows.set([])
-
-
-def _write_held_ledger_rows(_error: BaseException | None) -> None:
-    rows = _held_rows.get()
-    _held_rows.set(None)
-    if rows:
-        db.session.remove()  # gives the connection back
-        _write_ledger_rows(rows)
-
-
-@contextmanager
-def ledger_rows_at_end() -> Iterator[None]:
-    """The ledger rows recorded inside are written as it ends, in one statement: so what the calls gave may be
-    handed over first (a query's embedding, to the search waiting for it). Held already for a request, they
-    stay held for its end."""
-    if _held_rows.get() is not None:
-        yield
-        return
-    held = _held_rows.set([])
-    try:
-        yield
-    finally:
-        rows = _held_rows.get()
-        _held_rows.reset(held)
-        if rows:
-            _write_ledger_rows(rows)
-
-
-def _write_ledger_rows(rows: list[dict[str, Any]]) -> None:
-    with db.engine.begin() as conn:
-        conn.execute(sa.insert(LlmCall), rows)
+        app.before_request(ledger.hold_rows)
+        app.teardown_request(ledger.write_held_rows)
 
 
 def complete(
@@ -402,19 +356,3 @@ def _error_detail(error: openai.APIStatusError) -> str:
     if isinstance(body, dict):
         return str(body.get("message") or body.get("error") or body)[:500]
     return str(error.message)[:500]
-
-
-def record_call(fields: dict[str, Any], started: float, **outcome: Any) -> None:
-    """Write the ledger row on its own connection, so it survives whatever the caller's session does (where a
-    request holds the process's one connection, once the request ends)."""
-    row = {
-        **fields,
-        **outcome,
-        "job_run_id": current_job_run_id.get(),
-        "latency_ms": int((time.monotonic() - started) * 1000),
-        "created_at": utcnow(),
-    }
-    if (held := _held_rows.get()) is not None:
-        held.append(row)
-        return
-    _write_ledger_rows([row])

@@ -31,8 +31,8 @@ import sqlalchemy as sa
 from flask import Flask, current_app
 from sqlalchemy.orm import joinedload, lazyload
 
-from webapp import llm
 from webapp.extensions import db
+from webapp.llm import ledger
 from webapp.models import Agent, AgentMemory, Chat, MemorySource, Message, User
 from webapp.search import embedder, mentions, signals
 from webapp.search.databases import backend as backend
@@ -109,7 +109,7 @@ def _embed(
     chat_id: int | None,
     using: embedder.Embedder,
 ) -> None:
-    with app.app_context(), llm.ledger_rows_at_end():
+    with app.app_context(), ledger.ledger_rows_at_end():
         try:
             vector.set_result(embedder.embed([text], agent_id=agent_id, chat_id=chat_id, using=using)[0])
         except embedder.EmbeddingError as error:

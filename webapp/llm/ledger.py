@@ -1,0 +1,74 @@
+"""The cost ledger's rows (llm_calls): one per model request, written on a connection of its own so it survives
+whatever the caller's session does; held for the end of a request that holds the process's one connection, or
+of a block that hands a call's result over first (ledger_rows_at_end)."""
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+import sqlalchemy as sa
+
+from webapp.extensions import db
+from webapp.models import LlmCall
+from webapp.models.runs import current_job_run_id
+from webapp.timeutil import utcnow
+
+# With one database connection in the process (SQLite under gevent: webapp.config.engine_options), a request holds
+# it until it ends, so a ledger row cannot be written on a connection of its own meanwhile (the chat's memory page
+# waited 30 s for one, to embed its query). The request's rows are held, and written once it let the connection go.
+_held_rows: ContextVar[list[dict[str, Any]] | None] = ContextVar("held_ledger_rows", default=None)
+
+
+def hold_rows() -> None:
+    """Before a request of a process with one connection: its rows wait for its end."""
+    _held_rows.set([])
+
+
+def write_held_rows(_error: BaseException | None) -> None:
+    """At the end of such a request, once it let the connection go."""
+    rows = _held_rows.get()
+    _held_rows.set(None)
+    if rows:
+        db.session.remove()  # gives the connection back
+        _write_rows(rows)
+
+
+@contextmanager
+def ledger_rows_at_end() -> Iterator[None]:
+    """The ledger rows recorded inside are written as it ends, in one statement: so what the calls gave may be
+    handed over first (a query's embedding, to the search waiting for it). Held already for a request, they
+    stay held for its end."""
+    if _held_rows.get() is not None:
+        yield
+        return
+    held = _held_rows.set([])
+    try:
+        yield
+    finally:
+        rows = _held_rows.get()
+        _held_rows.reset(held)
+        if rows:
+            _write_rows(rows)
+
+
+def record_call(fields: dict[str, Any], started: float, **outcome: Any) -> None:
+    """Write the ledger row on its own connection, so it survives whatever the caller's session does (where a
+    request holds the process's one connection, once the request ends)."""
+    row = {
+        **fields,
+        **outcome,
+        "job_run_id": current_job_run_id.get(),
+        "latency_ms": int((time.monotonic() - started) * 1000),
+        "created_at": utcnow(),
+    }
+    if (held := _held_rows.get()) is not None:
+        held.append(row)
+        return
+    _write_rows([row])
+
+
+def _write_rows(rows: list[dict[str, Any]]) -> None:
+    with db.engine.begin() as conn:
+        conn.execute(sa.insert(LlmCall), rows)
