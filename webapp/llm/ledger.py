@@ -1,6 +1,6 @@
 """The cost ledger's rows (llm_calls): one per model request, written on a connection of its own so it survives
 whatever the caller's session does; held for the end of a request that holds the process's one connection, or
-of a block that hands a call's result over first (ledger_rows_at_end)."""
+of a block that hands a call's result over first (rows_at_end)."""
 
 import time
 from collections.abc import Iterator
@@ -36,7 +36,7 @@ def write_held_rows(_error: BaseException | None) -> None:
 
 
 @contextmanager
-def ledger_rows_at_end() -> Iterator[None]:
+def rows_at_end() -> Iterator[None]:
     """The ledger rows recorded inside are written as it ends, in one statement: so what the calls gave may be
     handed over first (a query's embedding, to the search waiting for it). Held already for a request, they
     stay held for its end."""

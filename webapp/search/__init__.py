@@ -109,7 +109,7 @@ def _embed(
     chat_id: int | None,
     using: embedder.Embedder,
 ) -> None:
-    with app.app_context(), ledger.ledger_rows_at_end():
+    with app.app_context(), ledger.rows_at_end():
         try:
             vector.set_result(embedder.embed([text], agent_id=agent_id, chat_id=chat_id, using=using)[0])
         except embedder.EmbeddingError as error:

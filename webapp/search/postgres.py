@@ -252,8 +252,8 @@ def by_distance(
     if admitted is not None:
         # The admitted ids among the candidates, read once: checked by a correlated EXISTS, PostgreSQL without
         # statistics yet (a table just written) read the agent's memories once per candidate (200 x 100 rows:
-        # 7 ms of a prompt, against 1; bench.job_overhead --memories 200), and as `key IN (...)` it joined by
-        # such a loop whatever the statistics.
+        # 7 ms of a prompt, against 1; bench.job_overhead --memories 200), and as `key IN (...)`, misjudging how
+        # few rows the scope holds, it joined by such a loop.
         candidates = admitted.where(in_query(admitted.selected_columns[0], candidates))
     statement = sa.select(table.c[key], distance.label("distance"), counted).where(
         in_query(table.c[key], candidates), table.c.model == model
