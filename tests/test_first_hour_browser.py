@@ -177,6 +177,7 @@ def test_the_first_hour(page, size, live_server, worker_process, fake_llm):
     tap(page.get_by_role("button", name="Start chat"))
     composer = page.get_by_label("Message", exact=True)
     expect(composer).to_be_focused()
+    page.wait_for_load_state()  # focused as it is parsed; Enter sends once cairn.js (deferred) has run
     composer.fill("Hello both.")
     composer.press("Enter")
     expect(page.locator(".hint-nobody")).to_contain_text("Nobody was asked to reply")
