@@ -5,6 +5,7 @@ reads as much at once as the model's window leaves; tokens are counted, never ti
 import json
 import threading
 
+import numpy as np
 import pytest
 import sqlalchemy as sa
 
@@ -17,6 +18,7 @@ from webapp.jobs.extraction import numbered_turns, parse_extraction
 from webapp.llm import ledger, targets
 from webapp.models import AgentMemory, LlmCall, MemorySource
 from webapp.prompting.build import build_prompt
+from webapp.search import embedder
 from webapp.search.indexing import index_memories
 from webapp.search.signals import meaning
 
@@ -194,3 +196,26 @@ def test_the_search_by_meaning_reads_the_scope_once_whatever_the_statistics(app,
 
 def _nodes(node: dict) -> list[dict]:
     return [node, *(found for child in node.get("Plans", []) for found in _nodes(child))]
+
+
+def test_a_text_is_embedded_on_one_thread_and_a_long_list_two_batches_at_a_time(monkeypatch):
+    """A query's embedding leaves the other core to the reply building its prompt meanwhile; a long list (a
+    backfill) still takes both cores, a batch on each. Each text gets its own vector, in order."""
+    local = embedder._local()
+    assert local.session.get_session_options().intra_op_num_threads == 1
+    run, two_running = local.session.run, threading.Barrier(2, timeout=10)
+
+    def run_beside_another(*args, **kwargs):
+        two_running.wait()  # broken, after its 10 s, unless two batches run at once
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(local.session, "run", run_beside_another)
+    texts = [f"Note {n}: the {TOPICS[n % 3]} again." for n in range(2 * embedder.BATCH)]
+    together, _tokens = local.embed(texts)
+    monkeypatch.setattr(local.session, "run", run)
+    for n in (0, embedder.BATCH + 3):
+        alone, _tokens = local.embed([texts[n]])
+        assert np.allclose(together[n], alone[0], atol=1e-4)
+
+
+TOPICS = ["garden", "piano", "sister"]

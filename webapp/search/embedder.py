@@ -19,6 +19,7 @@ import hashlib
 import json
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,7 @@ LOCAL_MODEL = "all-MiniLM-L6-v2 (local, int8)"
 ONNX_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
 TOKENIZER_SHA256 = "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037"
 MAX_TOKENS = 256  # all-MiniLM-L6-v2's max_seq_length: longer text is cut there
-BATCH = 32
+BATCH = 16  # texts run together on one thread (LocalEmbedder.embed)
 TOKENIZER_FILE = Path(__file__).with_name("all-MiniLM-L6-v2.tokenizer.json")
 
 
@@ -214,7 +215,12 @@ class LocalEmbedder:
         self.tokenizer.enable_truncation(MAX_TOKENS)
         self.tokenizer.enable_padding()
         options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = 2
+        # A text runs on one thread, and a longer list a batch per thread, two at a time (run releases the GIL):
+        # 64 texts took 244 to 272 ms so, 307 to 331 as batches of 32 on two threads each. A query's embedding
+        # runs while its reply builds the rest of the prompt, which two threads left no core to; one took 3 to
+        # 7 ms more (bench.job_overhead --memories 200, own time p50, median of eight alternated runs: 91 ms
+        # against 93, within the host's noise).
+        options.intra_op_num_threads = 1
         # Threads that spin waiting for work took the CPU from the rest of a busy worker (bench.prompt_memory).
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.session = onnxruntime.InferenceSession(
@@ -222,21 +228,25 @@ class LocalEmbedder:
         )
 
     def embed(self, texts: list[str]) -> tuple[np.ndarray, int]:
-        vectors, tokens = [], 0
-        for start in range(0, len(texts), BATCH):
-            encodings = self.tokenizer.encode_batch(texts[start : start + BATCH])
-            ids = np.array([e.ids for e in encodings], dtype=np.int64)
-            mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
-            (hidden,) = self.session.run(
-                ["last_hidden_state"],
-                {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)},
-            )
-            weights = mask[:, :, None].astype(np.float32)
-            vectors.append((hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9))
-            tokens += int(mask.sum())
-        return np.concatenate(vectors), tokens
+        batches = [texts[start : start + BATCH] for start in range(0, len(texts), BATCH)]
+        if len(batches) == 1:
+            return self._embed_batch(texts)
+        embedded = list(_batch_threads.map(self._embed_batch, batches))
+        return np.concatenate([vectors for vectors, _ in embedded]), sum(tokens for _, tokens in embedded)
+
+    def _embed_batch(self, texts: list[str]) -> tuple[np.ndarray, int]:
+        encodings = self.tokenizer.encode_batch(texts)
+        ids = np.array([e.ids for e in encodings], dtype=np.int64)
+        mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
+        (hidden,) = self.session.run(
+            ["last_hidden_state"],
+            {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)},
+        )
+        weights = mask[:, :, None].astype(np.float32)
+        return (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9), int(mask.sum())
 
 
+_batch_threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="embedding-batch")
 _local_embedder: LocalEmbedder | None = None
 _local_lock = threading.Lock()
 
