@@ -215,11 +215,12 @@ class LocalEmbedder:
         self.tokenizer.enable_truncation(MAX_TOKENS)
         self.tokenizer.enable_padding()
         options = onnxruntime.SessionOptions()
-        # A text runs on one thread, and a longer list a batch per thread, two at a time (run releases the GIL):
-        # 64 texts took 244 to 272 ms so, 307 to 331 as batches of 32 on two threads each. A query's embedding
-        # runs while its reply builds the rest of the prompt, which two threads left no core to; one took 3 to
-        # 7 ms more (bench.job_overhead --memories 200, own time p50, median of eight alternated runs: 91 ms
-        # against 93, within the host's noise).
+        # A text runs on one thread, and a longer list a batch per thread, two batches at a time (run releases the
+        # GIL): 64 texts took 244 to 272 ms so, against 307 to 331 as batches of 32 on two threads each. A query's
+        # embedding (one text) runs while its reply builds the rest of the prompt: on two threads it took both
+        # cores from it; on one it takes about a millisecond more (4.6 to 5.2 ms alone, against 3.5 to 4.4) and
+        # leaves a core to the reply (bench.job_overhead --memories 200, own time p50, median of eight runs
+        # alternated: 91 ms against 93, within the host's noise).
         options.intra_op_num_threads = 1
         # Threads that spin waiting for work took the CPU from the rest of a busy worker (bench.prompt_memory).
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
