@@ -16,7 +16,7 @@ from webapp.extensions import db
 from webapp.jobs.consolidation import consolidate_chat
 from webapp.jobs.extraction import numbered_turns, parse_extraction
 from webapp.llm import ledger, targets
-from webapp.models import AgentMemory, LlmCall, MemorySource
+from webapp.models import AgentMemory, LlmCall, MemorySource, memory_budget
 from webapp.prompting.build import build_prompt
 from webapp.search import embedder
 from webapp.search.indexing import index_memories
@@ -219,3 +219,28 @@ def test_a_text_is_embedded_on_one_thread_and_a_long_list_two_batches_at_a_time(
 
 
 TOPICS = ["garden", "piano", "sister"]
+
+
+def test_the_budgets_statements_are_built_once_and_each_chat_hears_only_its_own_memories(admin, ada):
+    """The prompt's budget runs statements built once and given each chat's values when run: a private chat's
+    memory is listed in that chat alone, whichever chat's prompt was built first, and building more prompts
+    builds no statement again."""
+    bea = factories.user(admin.account, "bea@example.com", role="member")
+    adas_chat = factories.chat(admin.account, [ada], people=[admin])
+    beas_chat = factories.chat(admin.account, [ada], people=[bea])
+    factories.memory(ada, "The safe's code is 4711.", audience="chat", chat_id=adas_chat.id)
+    factories.memory(ada, "Bea's sister is called Ines.", audience="chat", chat_id=beas_chat.id)
+    factories.memory(ada, "The office closes at six.")
+    factories.message(adas_chat, "What should I remember?", author=admin)
+    factories.message(beas_chat, "What should I remember?", author=bea)
+
+    def memory_section(chat) -> str:
+        return build_prompt(chat, ada).messages[-1]["content"].split("# Now")[0]
+
+    first = [memory_section(adas_chat), memory_section(beas_chat)]
+    built = memory_budget._within_queries.cache_info().misses
+    again = [memory_section(beas_chat), memory_section(adas_chat)]
+    assert memory_budget._within_queries.cache_info().misses == built
+    for adas, beas in (first, again[::-1]):
+        assert "4711" in adas and "Ines" not in adas and "six" in adas
+        assert "Ines" in beas and "4711" not in beas and "six" in beas

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from webapp.extensions import db
 from webapp.llm import targets
 from webapp.models import Agent, AgentMemory, Chat, ChatAgent, ChatPerson, User
-from webapp.models.access import chats_searched_by, memories_heard_by
+from webapp.models.access import chats_searched_by, memories_heard_by, memory_chats_heard, readable_chats
 from webapp.models.memories import active_memories
 from webapp.models.memory_budget import memories_within
 from webapp.prompting.build import memory_budget
@@ -77,7 +77,8 @@ def prompt_memory(user: User, agent: Agent) -> dict[str, Any]:
     with messages adds the memories that match them first)."""
     visible = _visibility(user, agent)
     now, budget = utcnow(), memory_budget(targets.for_agent(agent), agent)
-    within = memories_within(agent.id, now, budget, heard=memories_heard_by(user)).shown_as(visible)
+    heard_chats = memory_chats_heard(agent.id, readable_chats(user))
+    within = memories_within(agent.id, now, budget, heard_chats=heard_chats).shown_as(visible)
     answer: dict[str, Any] = {
         "memories": [_listed(memory) for memory in within.listed],
         "left_out": {"core": within.core_left_out, "journal": within.journal_left_out},

@@ -206,8 +206,6 @@ def _consolidate_for_agent(link_id: int, through_id: int) -> AgentOutcome:
         link.chat_id,
     )
     budget = memory_budget(target, agent)
-    heard = memories_heard_in(link.chat)  # who may read the chat now: its people, read once per run
-    listed = sa.and_(heard, sa.or_(AgentMemory.audience == "everyone", AgentMemory.chat_id == chat_id))
     db.session.commit()
     instructions = count_tokens(_prompt(identity, MemoryWithin(), ""))
     chunk_tokens = target.chunk_tokens(
@@ -217,7 +215,8 @@ def _consolidate_for_agent(link_id: int, through_id: int) -> AgentOutcome:
         if cancelled():  # the job was stopped (its time limit): the cursor stays after the last saved chunk
             return outcome
         # Read again for each chunk: it sees the memories the chunks before it added.
-        known = memories_within(agent_id, utcnow(), budget, heard=listed)
+        # Those for everyone and the chat's own (heard wherever it is read): not the other chats' heard here.
+        known = memories_within(agent_id, utcnow(), budget, heard_chats=[chat_id])
         prompt = _prompt(identity, known, numbered_turns(chunk))
         db.session.commit()  # no transaction stays open while the model thinks
         try:

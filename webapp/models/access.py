@@ -140,9 +140,30 @@ def chats_searched_by(user: User) -> sa.ColumnElement[bool]:
 def memories_heard(chats: sa.ColumnElement[bool]) -> sa.ColumnElement[bool]:
     """Condition on AgentMemory: the memories for everyone, and those from the chats that `chats` (a condition on
     Chat) admits."""
-    return sa.or_(
-        AgentMemory.audience == "everyone",
-        AgentMemory.chat_id.in_(sa.select(Chat.id).where(chats)),
+    return memories_heard_from(sa.select(Chat.id).where(chats))
+
+
+def memories_heard_from(chat_ids: sa.Select | sa.BindParameter) -> sa.ColumnElement[bool]:
+    """Condition on AgentMemory: the memories for everyone, and those from these chats (a query of chat ids, or a
+    list of them bound when run: memory_chats_heard's)."""
+    return sa.or_(AgentMemory.audience == "everyone", AgentMemory.chat_id.in_(chat_ids))
+
+
+def memory_chats_heard(agent_id: int, chats: sa.ColumnElement[bool]) -> list[int]:
+    """The chats that the agent's active memories heard only there came from and that `chats` (a condition on
+    Chat) admits: with memories_heard_from, what memories_heard(chats) admits of the agent's, as a list of ids
+    that a statement built once is given when run (webapp.models.memory_budget.memories_within)."""
+    return list(
+        db.session.scalars(
+            sa.select(AgentMemory.chat_id)
+            .distinct()
+            .where(
+                AgentMemory.agent_id == agent_id,
+                AgentMemory.is_active,
+                AgentMemory.audience == "chat",
+                AgentMemory.chat_id.in_(sa.select(Chat.id).where(chats)),
+            )
+        )
     )
 
 

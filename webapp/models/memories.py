@@ -130,12 +130,22 @@ class AgentMemory(db.Model):
     @hybrid_method
     def in_journal_window(self, now: datetime) -> bool:
         """A journal entry of the last 7 days: it still reaches prompts."""
-        return self.memory_type == "journal" and self.created_at >= now - JOURNAL_WINDOW
+        return self.in_journal_since(now - JOURNAL_WINDOW)
 
     @in_journal_window.inplace.expression
     @classmethod
     def _in_journal_window_expression(cls, now: datetime) -> sa.ColumnElement[bool]:
-        return sa.and_(cls.memory_type == "journal", cls.created_at >= now - JOURNAL_WINDOW)
+        return cls.in_journal_since(now - JOURNAL_WINDOW)
+
+    @hybrid_method
+    def in_journal_since(self, start: datetime) -> bool:
+        """A journal entry made since `start` (in SQL, a datetime or a bound parameter given one)."""
+        return self.memory_type == "journal" and self.created_at >= start
+
+    @in_journal_since.inplace.expression
+    @classmethod
+    def _in_journal_since_expression(cls, start: datetime | sa.BindParameter) -> sa.ColumnElement[bool]:
+        return sa.and_(cls.memory_type == "journal", cls.created_at >= start)
 
     @hybrid_method
     def is_expired(self, now: datetime) -> bool:
@@ -255,10 +265,11 @@ def recent_journal(agent_id: Any, now: datetime) -> sa.Select:
     )
 
 
-def prompt_memories(agent_id: Any, now: datetime) -> sa.Select:
-    """What a prompt may list: active core memories and the journal of the last 7 days (unordered)."""
+def prompt_memories(agent_id: Any, journal_since: Any) -> sa.Select:
+    """What a prompt may list: active core memories and the journal since the start of its window, `now -
+    JOURNAL_WINDOW` (unordered); the agent's id and the start may be bound parameters."""
     return active_memories(agent_id).where(
-        sa.or_(AgentMemory.memory_type == "core", AgentMemory.in_journal_window(now))
+        sa.or_(AgentMemory.memory_type == "core", AgentMemory.in_journal_since(journal_since))
     )
 
 

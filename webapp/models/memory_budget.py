@@ -2,6 +2,7 @@
 those that match the conversation, then core oldest first and the week's journal newest first), and pages of
 memories for a session or a reflection (token_pages). Each listed memory costs its tokens and LINE_TOKENS."""
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -9,7 +10,8 @@ from datetime import datetime
 import sqlalchemy as sa
 
 from webapp.extensions import db
-from webapp.models.memories import AgentMemory, active_memories, prompt_memories
+from webapp.models.access import memories_heard_from
+from webapp.models.memories import JOURNAL_WINDOW, AgentMemory, active_memories, prompt_memories
 
 # What a listed memory costs beyond its own tokens: the bullet, the date and the line break.
 LINE_TOKENS = 8
@@ -79,39 +81,72 @@ def memories_within(
     budget: int,
     relevant: Sequence[int] = (),
     *,
-    heard: sa.ColumnElement[bool],
+    heard_chats: Sequence[int],
 ) -> MemoryWithin:
     """The memories that fit `budget`, chosen in this order while their tokens fit: the constitutional memories,
     the `relevant` ones (ids of any active memory of the agent, best first), then core memories oldest first and
     the week's journal newest first. No memory is listed twice.
 
-    Only memories that `heard` admits (a condition on AgentMemory: webapp.models.access.memories_heard_in the
-    chat they are for) are candidates or counted, inside the queries, so the budget is never filled with
-    memories that may not be used there.
+    Only the memories heard where they are for are candidates or counted, inside the queries, so the budget is
+    never filled with memories that may not be used there: those for everyone, and those from `heard_chats`
+    (webapp.models.access.memory_chats_heard: the chats of the agent's memories that may be heard there).
 
     One statement whatever the number of memories: a running sum (a window function) over the few rows that
     could fit picks those that do, each row carrying how many core memories and journal entries of the week
-    there are (counted once, a subquery of one row joined to them); a second only when none fits.
+    there are (counted once, a subquery of one row joined to them); a second only when none fits. Both are built
+    once (for each number of relevant memories) and given their values when run: building them took longer
+    than running them (bench.job_overhead --memories 200).
     """
     relevant = list(relevant)
+    values = {
+        "agent_id": agent_id,
+        "journal_since": now - JOURNAL_WINDOW,
+        "budget": budget,
+        "cap": budget // LINE_TOKENS + 1,  # every listed memory costs more than LINE_TOKENS
+        "heard_chats": list(heard_chats),
+        **{f"relevant_{rank}": memory_id for rank, memory_id in enumerate(relevant)},
+    }
+    fitting_query, counts_query = _within_queries(len(relevant))
+    rows = db.session.execute(fitting_query, values).all()
+    fitting = [row[0] for row in rows]
+    totals = rows[0][1:] if rows else db.session.execute(counts_query, values).one()
+    found = set(relevant)
+    # A constitutional memory is listed with the core memories, whatever its type: it never fades.
+    permanent = {m.id for m in fitting if m.constitutional or (m.memory_type == "core" and m.id not in found)}
+    return MemoryWithin(
+        core=[m for m in fitting if m.id in permanent],
+        journal=[m for m in fitting if m.id not in permanent and m.id not in found],
+        relevant=[m for m in fitting if m.id in found and m.id not in permanent],
+        core_total=int(totals[1]),
+        journal_total=int(totals[0]) - int(totals[1]),
+        now=now,
+    )
+
+
+@functools.cache
+def _within_queries(relevant_count: int) -> tuple[sa.Select, sa.Select]:
+    """memories_within's two statements for this many relevant memories, every value a bound parameter."""
+    relevant = [sa.bindparam(f"relevant_{rank}") for rank in range(relevant_count)]
     is_core = AgentMemory.memory_type == "core"
     is_relevant = AgentMemory.id.in_(relevant) if relevant else sa.false()
+    journal_since = sa.bindparam("journal_since", type_=AgentMemory.created_at.type)
     tokens = sa.func.coalesce(AgentMemory.token_estimate, sa.func.length(AgentMemory.content)) + LINE_TOKENS
     order = (
         sa.case((AgentMemory.constitutional, 0), (is_relevant, 1), (is_core, 2), else_=3),
         sa.case((AgentMemory.constitutional, AgentMemory.created_at)),
-        sa.case({i: rank for rank, i in enumerate(relevant)}, value=AgentMemory.id)
+        sa.case(*((AgentMemory.id == memory_id, rank) for rank, memory_id in enumerate(relevant)))
         if relevant
         else sa.null(),
         sa.case((is_core, AgentMemory.created_at)),
         sa.case((AgentMemory.memory_type == "journal", AgentMemory.created_at)).desc(),
         sa.case((is_core, AgentMemory.id), else_=-AgentMemory.id),
     )
-    # Every listed memory costs more than LINE_TOKENS, so no more than this many can fit.
-    cap = budget // LINE_TOKENS + 1
+    cap = sa.bindparam("cap")
+    heard = memories_heard_from(sa.bindparam("heard_chats", expanding=True))
     # A constitutional or relevant memory among the oldest core or newest journal is listed once, in its place.
+    agent_id = sa.bindparam("agent_id")
     scope = active_memories(agent_id).where(heard).with_only_columns(AgentMemory.id)
-    listable = prompt_memories(agent_id, now).where(heard).with_only_columns(AgentMemory.id)
+    listable = prompt_memories(agent_id, journal_since).where(heard).with_only_columns(AgentMemory.id)
     journal = listable.where(AgentMemory.memory_type == "journal")
     parts = [
         scope.where(AgentMemory.constitutional).order_by(AgentMemory.created_at, AgentMemory.id).limit(cap),
@@ -125,35 +160,19 @@ def memories_within(
         .where(AgentMemory.id.in_(sa.select(candidates.c.id)))
         .subquery()
     )
-    counts = (
-        prompt_memories(agent_id, now)
-        .where(heard)
-        .with_only_columns(
-            sa.func.count().label("listable"),
-            sa.func.coalesce(sa.func.sum(sa.case((is_core, 1), else_=0)), 0).label("core"),
-        )
+    counts = listable.with_only_columns(
+        sa.func.count().label("listable"),
+        sa.func.coalesce(sa.func.sum(sa.case((is_core, 1), else_=0)), 0).label("core"),
     )
     counted = counts.subquery("counted")
-    rows = db.session.execute(
+    fitting = (
         sa.select(AgentMemory, counted.c.listable, counted.c.core)
         .join(ranked, ranked.c.id == AgentMemory.id)
         .join(counted, sa.true())
-        .where(ranked.c.running <= budget)
+        .where(ranked.c.running <= sa.bindparam("budget"))
         .order_by(ranked.c.running)
-    ).all()
-    fitting = [row[0] for row in rows]
-    totals = rows[0][1:] if rows else db.session.execute(counts).one()
-    found = set(relevant)
-    # A constitutional memory is listed with the core memories, whatever its type: it never fades.
-    permanent = {m.id for m in fitting if m.constitutional or (m.memory_type == "core" and m.id not in found)}
-    return MemoryWithin(
-        core=[m for m in fitting if m.id in permanent],
-        journal=[m for m in fitting if m.id not in permanent and m.id not in found],
-        relevant=[m for m in fitting if m.id in found and m.id not in permanent],
-        core_total=int(totals[1]),
-        journal_total=int(totals[0]) - int(totals[1]),
-        now=now,
     )
+    return fitting, counts
 
 
 def token_pages(memories: list["AgentMemory"], budget: int) -> list[list["AgentMemory"]]:

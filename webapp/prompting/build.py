@@ -20,7 +20,7 @@ from webapp.extensions import db
 from webapp.llm import LLMError, targets
 from webapp.llm.targets import ModelTarget
 from webapp.models import Agent, AgentMemory, Chat, ChatAgent, Message, User, public_ids
-from webapp.models.access import chats_heard_in, memories_heard
+from webapp.models.access import chats_heard_in, memories_heard, memories_heard_from
 from webapp.models.chats import other_conversation_summaries
 from webapp.models.memories import active_memories
 from webapp.models.memory_budget import MemoryWithin, memories_within
@@ -259,15 +259,24 @@ def started_memory(
     if recent is None:
         recent = _recent_messages(chat, None)
     budget = memory_budget(target, agent)
-    heard = memories_heard(chats if chats is not None else chats_heard_in(chat))
-    scope = (active_memories(agent.id).whereclause, heard)
-    # (IS NOT TRUE: "= false" would lead SQLite to the constitutional flag's index, over every agent's rows)
-    rankable = (*scope, AgentMemory.constitutional.is_not(True))
-    any_memory, any_to_rank, vectors = db.session.execute(
+    active = active_memories(agent.id).whereclause
+    heard_here = memories_heard(chats if chats is not None else chats_heard_in(chat))
+    # Each kind of the agent's memories heard here once: the chat it came from (None: heard by everyone) and
+    # whether it is ranked (IS NOT TRUE: "= false" would lead SQLite to the constitutional flag's index, over
+    # every agent's rows). The rest is given those chats, so their statements are built once (memories_within).
+    kinds = db.session.execute(
         sa.select(
-            sa.exists().where(*scope), sa.exists().where(*rankable), search.backend().vectors_held(agent.id)
+            sa.case((AgentMemory.audience == "chat", AgentMemory.chat_id)),
+            AgentMemory.constitutional.is_not(True),
+            search.backend().vectors_held(agent.id),
         )
-    ).one()
+        .distinct()
+        .where(active, heard_here)
+    ).all()
+    heard_chats = sorted({chat_id for chat_id, _, _ in kinds if chat_id is not None})
+    rankable = (active, memories_heard_from(heard_chats), AgentMemory.constitutional.is_not(True))
+    any_memory, any_to_rank = bool(kinds), any(is_ranked for _, is_ranked, _ in kinds)
+    vectors = any_memory and kinds[0][2]  # the same on every row
     # A new agent has nothing to rank (no query embedding, no search) and nothing to list (no budget queries).
     query = _memory_query(recent)
     ranked = _relevant_memories(agent, chat, rankable, *query, vectors=vectors) if any_to_rank else list
@@ -275,7 +284,7 @@ def started_memory(
     def chosen() -> tuple[MemoryWithin, str]:
         relevant = ranked()
         within = (
-            memories_within(agent.id, now, budget, relevant, heard=heard)
+            memories_within(agent.id, now, budget, relevant, heard_chats=heard_chats)
             if any_memory
             else MemoryWithin(now=now)
         )
