@@ -77,7 +77,7 @@ def prompt_memory(user: User, agent: Agent) -> dict[str, Any]:
     with messages adds the memories that match them first)."""
     visible = _visibility(user, agent)
     now, budget = utcnow(), memory_budget(targets.for_agent(agent), agent)
-    heard_chats = memory_chats_heard(agent.id, readable_chats(user))
+    heard_chats = db.session.scalars(memory_chats_heard(agent.id, readable_chats(user))).all()
     within = memories_within(agent.id, now, budget, heard_chats=heard_chats).shown_as(visible)
     answer: dict[str, Any] = {
         "memories": [_listed(memory) for memory in within.listed],

@@ -140,31 +140,37 @@ def chats_searched_by(user: User) -> sa.ColumnElement[bool]:
 def memories_heard(chats: sa.ColumnElement[bool]) -> sa.ColumnElement[bool]:
     """Condition on AgentMemory: the memories for everyone, and those from the chats that `chats` (a condition on
     Chat) admits."""
-    return memories_heard_from(sa.select(Chat.id).where(chats))
+    return memories_heard_from(AgentMemory.chat_id.in_(sa.select(Chat.id).where(chats)))
 
 
-def memories_heard_from(chat_ids: sa.Select | sa.BindParameter) -> sa.ColumnElement[bool]:
-    """Condition on AgentMemory: the memories for everyone, and those from these chats (a query of chat ids, or a
-    list of them bound when run: memory_chats_heard's)."""
-    return sa.or_(AgentMemory.audience == "everyone", AgentMemory.chat_id.in_(chat_ids))
+def memories_heard_from(from_chats: sa.ColumnElement[bool]) -> sa.ColumnElement[bool]:
+    """Condition on AgentMemory: the memories for everyone, and those whose chat `from_chats` (a condition on
+    AgentMemory.chat_id: a query of the chats heard, or memory_chats_heard's ids bound when run) admits."""
+    return sa.or_(AgentMemory.audience == "everyone", from_chats)
 
 
-def memory_chats_heard(agent_id: int, chats: sa.ColumnElement[bool]) -> list[int]:
-    """The chats that the agent's active memories heard only there came from and that `chats` (a condition on
-    Chat) admits: with memories_heard_from, what memories_heard(chats) admits of the agent's, as a list of ids
-    that a statement built once is given when run (webapp.models.memory_budget.memories_within)."""
-    return list(
-        db.session.scalars(
-            sa.select(AgentMemory.chat_id)
-            .distinct()
-            .where(
-                AgentMemory.agent_id == agent_id,
-                AgentMemory.is_active,
-                AgentMemory.audience == "chat",
-                AgentMemory.chat_id.in_(sa.select(Chat.id).where(chats)),
-            )
-        )
+def memory_chats_heard(agent_id: int, chats: sa.ColumnElement[bool]) -> sa.Select:
+    """Query: the ids of the chats that `chats` (a condition on Chat) admits and that the agent's active memories
+    heard only there came from. With memories_heard_from, they admit what memories_heard(chats) does of the
+    agent's, as ids a statement built once is given when run (webapp.models.memory_budget.memories_within).
+    The database reads whichever side is smaller: the agent's memories' chats, or the chats admitted."""
+    from_memories = (
+        sa.select(AgentMemory.chat_id)
+        .distinct()
+        .where(AgentMemory.agent_id == agent_id, AgentMemory.is_active, AgentMemory.audience == "chat")
     )
+    return sa.select(Chat.id).where(Chat.id.in_(from_memories), chats)
+
+
+def listed_ids(query: sa.Select) -> sa.ScalarSelect:
+    """A query of ids as one value, "1,5,9" (NULL when none): for a statement that reads other columns too."""
+    ids = query.subquery()
+    return sa.select(sa.func.aggregate_strings(sa.cast(ids.c[0], sa.String), ",")).scalar_subquery()
+
+
+def ids_listed(text: str | None) -> list[int]:
+    """The ids of listed_ids's value, in order."""
+    return sorted(int(i) for i in text.split(",")) if text else []
 
 
 def memories_heard_in(chat: Chat) -> sa.ColumnElement[bool]:

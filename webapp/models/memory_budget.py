@@ -12,6 +12,7 @@ import sqlalchemy as sa
 from webapp.extensions import db
 from webapp.models.access import memories_heard_from
 from webapp.models.memories import JOURNAL_WINDOW, AgentMemory, active_memories, prompt_memories
+from webapp.search.databases import backend
 
 # What a listed memory costs beyond its own tokens: the bullet, the date and the line break.
 LINE_TOKENS = 8
@@ -106,7 +107,7 @@ def memories_within(
         "heard_chats": list(heard_chats),
         **{f"relevant_{rank}": memory_id for rank, memory_id in enumerate(relevant)},
     }
-    fitting_query, counts_query = _within_queries(len(relevant))
+    fitting_query, counts_query = _within_queries(len(relevant), db.engine.dialect.name)
     rows = db.session.execute(fitting_query, values).all()
     fitting = [row[0] for row in rows]
     totals = rows[0][1:] if rows else db.session.execute(counts_query, values).one()
@@ -124,8 +125,9 @@ def memories_within(
 
 
 @functools.cache
-def _within_queries(relevant_count: int) -> tuple[sa.Select, sa.Select]:
-    """memories_within's two statements for this many relevant memories, every value a bound parameter."""
+def _within_queries(relevant_count: int, database: str) -> tuple[sa.Select, sa.Select]:
+    """memories_within's two statements for this many relevant memories in this database, every value a bound
+    parameter (the heard chats as one: the statement's text is the same for any number of them)."""
     relevant = [sa.bindparam(f"relevant_{rank}") for rank in range(relevant_count)]
     is_core = AgentMemory.memory_type == "core"
     is_relevant = AgentMemory.id.in_(relevant) if relevant else sa.false()
@@ -142,7 +144,7 @@ def _within_queries(relevant_count: int) -> tuple[sa.Select, sa.Select]:
         sa.case((is_core, AgentMemory.id), else_=-AgentMemory.id),
     )
     cap = sa.bindparam("cap")
-    heard = memories_heard_from(sa.bindparam("heard_chats", expanding=True))
+    heard = memories_heard_from(backend().among(AgentMemory.chat_id, "heard_chats"))
     # A constitutional or relevant memory among the oldest core or newest journal is listed once, in its place.
     agent_id = sa.bindparam("agent_id")
     scope = active_memories(agent_id).where(heard).with_only_columns(AgentMemory.id)

@@ -20,7 +20,14 @@ from webapp.extensions import db
 from webapp.llm import LLMError, targets
 from webapp.llm.targets import ModelTarget
 from webapp.models import Agent, AgentMemory, Chat, ChatAgent, Message, User, public_ids
-from webapp.models.access import chats_heard_in, memories_heard, memories_heard_from
+from webapp.models.access import (
+    chats_heard_in,
+    ids_listed,
+    listed_ids,
+    memories_heard,
+    memories_heard_from,
+    memory_chats_heard,
+)
 from webapp.models.chats import other_conversation_summaries
 from webapp.models.memories import active_memories
 from webapp.models.memory_budget import MemoryWithin, memories_within
@@ -259,24 +266,27 @@ def started_memory(
     if recent is None:
         recent = _recent_messages(chat, None)
     budget = memory_budget(target, agent)
+    chats = chats if chats is not None else chats_heard_in(chat)
     active = active_memories(agent.id).whereclause
-    heard_here = memories_heard(chats if chats is not None else chats_heard_in(chat))
-    # Each kind of the agent's memories heard here once: the chat it came from (None: heard by everyone) and
-    # whether it is ranked (IS NOT TRUE: "= false" would lead SQLite to the constitutional flag's index, over
-    # every agent's rows). The rest is given those chats, so their statements are built once (memories_within).
-    kinds = db.session.execute(
+    scope = (active, memories_heard(chats))
+    # (IS NOT TRUE: "= false" would lead SQLite to the constitutional flag's index, over every agent's rows)
+    not_constitutional = AgentMemory.constitutional.is_not(True)
+    any_memory, any_to_rank, vectors, chats_listed = db.session.execute(
         sa.select(
-            sa.case((AgentMemory.audience == "chat", AgentMemory.chat_id)),
-            AgentMemory.constitutional.is_not(True),
+            sa.exists().where(*scope),
+            sa.exists().where(*scope, not_constitutional),
             search.backend().vectors_held(agent.id),
+            listed_ids(memory_chats_heard(agent.id, chats)),
         )
-        .distinct()
-        .where(active, heard_here)
-    ).all()
-    heard_chats = sorted({chat_id for chat_id, _, _ in kinds if chat_id is not None})
-    rankable = (active, memories_heard_from(heard_chats), AgentMemory.constitutional.is_not(True))
-    any_memory, any_to_rank = bool(kinds), any(is_ranked for _, is_ranked, _ in kinds)
-    vectors = any_memory and kinds[0][2]  # the same on every row
+    ).one()
+    # The chats whose memories are heard here, as ids: the search's and the budget's scope (its statements are
+    # built once and given them: memories_within).
+    heard_chats = ids_listed(chats_listed)
+    rankable = (
+        active,
+        memories_heard_from(search.backend().among(AgentMemory.chat_id, heard_chats)),
+        not_constitutional,
+    )
     # A new agent has nothing to rank (no query embedding, no search) and nothing to list (no budget queries).
     query = _memory_query(recent)
     ranked = _relevant_memories(agent, chat, rankable, *query, vectors=vectors) if any_to_rank else list

@@ -67,9 +67,14 @@ def _documents(table: str, words: list[str]) -> tuple[int, dict[str, int]]:
     return rows, {word: held.get(stem, 0) for word, stem in stems.items()}
 
 
-def among(column: sa.ColumnElement[int], ids: list[int]) -> sa.ColumnElement[bool]:
-    """column IN the ids, bound as one parameter (a JSON array): a statement may hold only so many."""
-    each = sa.func.json_each(sa.bindparam("ids", json.dumps(ids), unique=True)).table_valued("value")
+def among(column: sa.ColumnElement[int], ids: list[int] | str) -> sa.ColumnElement[bool]:
+    """column IN the ids, bound as one parameter (a JSON array): a statement may hold only so many. `ids` may
+    instead name the parameter, given the list when the statement is run (a statement built once)."""
+    if isinstance(ids, str):
+        bound = sa.bindparam(ids, type_=sa.JSON)
+    else:
+        bound = sa.bindparam("ids", json.dumps(ids), unique=True)
+    each = sa.func.json_each(bound).table_valued("value")
     return column.in_(sa.select(each.c.value))
 
 
