@@ -162,14 +162,15 @@ def memory_chats_heard(agent_id: int, chats: sa.ColumnElement[bool]) -> sa.Selec
     return sa.select(Chat.id).where(Chat.id.in_(from_memories), chats)
 
 
-def listed_ids(query: sa.Select) -> sa.ScalarSelect:
-    """A query of ids as one value, "1,5,9" (NULL when none): for a statement that reads other columns too."""
+def joined_ids(query: sa.Select) -> sa.ScalarSelect:
+    """A query of ids as one text value, "5,1,9" (NULL when none), for a statement that reads other columns too;
+    split_ids reads it."""
     ids = query.subquery()
     return sa.select(sa.func.aggregate_strings(sa.cast(ids.c[0], sa.String), ",")).scalar_subquery()
 
 
-def ids_listed(text: str | None) -> list[int]:
-    """The ids of listed_ids's value, in order."""
+def split_ids(text: str | None) -> list[int]:
+    """The ids of a joined_ids value, in order."""
     return sorted(int(i) for i in text.split(",")) if text else []
 
 

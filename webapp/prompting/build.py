@@ -22,11 +22,11 @@ from webapp.llm.targets import ModelTarget
 from webapp.models import Agent, AgentMemory, Chat, ChatAgent, Message, User, public_ids
 from webapp.models.access import (
     chats_heard_in,
-    ids_listed,
-    listed_ids,
+    joined_ids,
     memories_heard,
     memories_heard_from,
     memory_chats_heard,
+    split_ids,
 )
 from webapp.models.chats import other_conversation_summaries
 from webapp.models.memories import active_memories
@@ -271,17 +271,17 @@ def started_memory(
     scope = (active, memories_heard(chats))
     # (IS NOT TRUE: "= false" would lead SQLite to the constitutional flag's index, over every agent's rows)
     not_constitutional = AgentMemory.constitutional.is_not(True)
-    any_memory, any_to_rank, vectors, chats_listed = db.session.execute(
+    any_memory, any_to_rank, vectors, chats_joined = db.session.execute(
         sa.select(
             sa.exists().where(*scope),
             sa.exists().where(*scope, not_constitutional),
             search.backend().vectors_held(agent.id),
-            listed_ids(memory_chats_heard(agent.id, chats)),
+            joined_ids(memory_chats_heard(agent.id, chats)),
         )
     ).one()
     # The chats whose memories are heard here, as ids: the search's and the budget's scope (its statements are
     # built once and given them: memories_within).
-    heard_chats = ids_listed(chats_listed)
+    heard_chats = split_ids(chats_joined)
     rankable = (
         active,
         memories_heard_from(search.backend().among(AgentMemory.chat_id, heard_chats)),
