@@ -267,7 +267,14 @@ def by_distance(
 
 
 def _query_vector(vector: np.ndarray) -> sa.TextClause:
-    return sa.text("CAST(:query_vector AS vector)").bindparams(query_vector=_literal(vector))
+    text = _query_literal(np.asarray(vector, dtype=np.float32).tobytes())
+    return sa.text("CAST(:query_vector AS vector)").bindparams(query_vector=text)
+
+
+@functools.lru_cache(maxsize=8)
+def _query_literal(data: bytes) -> str:
+    """A query vector's literal, written once for the two to four places a search names it (0.5 ms each)."""
+    return _literal(np.frombuffer(data, dtype=np.float32))
 
 
 def _literal(vector: np.ndarray) -> str:
