@@ -15,7 +15,8 @@ from bench.common import bench_app, measure
 from tests import factories
 from webapp.extensions import db
 from webapp.models import AgentMemory
-from webapp.prompting.build import build_prompt, prompt_tokens
+from webapp.prompting.build import build_prompt
+from webapp.prompting.window import prompt_tokens
 from webapp.timeutil import utcnow
 from webapp.tokens import count_tokens
 

@@ -17,8 +17,8 @@ from webapp.jobs.refinement import refine_agent
 from webapp.jobs.reflection import reflect_agent
 from webapp.llm.targets import for_environment
 from webapp.models import AgentMemory
-from webapp.prompting.build import PromptTooLarge, build_prompt, fit_to_budget, prompt_tokens
-from webapp.prompting.window import text_tokens
+from webapp.prompting.build import build_prompt
+from webapp.prompting.window import PromptTooLarge, fit_to_budget, prompt_tokens, text_tokens
 from webapp.timeutil import utcnow
 from webapp.tokens import count_tokens
 from webapp.tools import REGISTRY, ToolContext, reply_tools, schemas_for

@@ -32,7 +32,8 @@ from webapp.models.memories import core_memories, core_token_usage, core_tokens,
 from webapp.models.memory_changes import ProposedChange, staging
 from webapp.models.proposals import expire_proposals, pending_proposal, refused_changes
 from webapp.prompting import render
-from webapp.prompting.build import fit_to_budget, memory_budget
+from webapp.prompting.build import memory_budget
+from webapp.prompting.window import fit_to_budget
 from webapp.timeutil import utcnow
 from webapp.tools import RefinementSession, run_tool_call, schemas_for
 from webapp.tools.refine_memory import TOOL

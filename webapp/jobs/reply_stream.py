@@ -14,7 +14,8 @@ from webapp.jobs.queue import redis_connection
 from webapp.jobs.refinement import trigger_if_over_budget
 from webapp.llm.tool_loop import Transcript, run_tool_loop
 from webapp.models import Message
-from webapp.prompting.build import Prompt, fit_to_budget
+from webapp.prompting.build import Prompt
+from webapp.prompting.window import fit_to_budget
 from webapp.tools import ToolContext, run_tool_call, schemas_for
 from webapp.tools import steps as tool_steps
 

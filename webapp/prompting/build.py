@@ -5,7 +5,6 @@ compacted history, then the transcript after the cut, then the volatile context 
 borrowed context, time, participants) at the end.
 """
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -17,7 +16,7 @@ from sqlalchemy.orm import joinedload, lazyload
 
 from webapp import search
 from webapp.extensions import db
-from webapp.llm import LLMError, targets
+from webapp.llm import targets
 from webapp.llm.targets import ModelTarget
 from webapp.models import Agent, AgentMemory, Chat, ChatAgent, Message, User, public_ids
 from webapp.models.access import (
@@ -32,12 +31,10 @@ from webapp.models.chats import other_conversation_summaries
 from webapp.models.memories import active_memories
 from webapp.models.memory_budget import MemoryWithin, memories_within
 from webapp.prompting import render
-from webapp.prompting.window import prompt_tokens, text_tokens
+from webapp.prompting.window import TRUNCATION_NOTE, fit_to_budget, text_tokens
 from webapp.search.terms import terms
 from webapp.timeutil import utcnow
 from webapp.tools import ReplyTools, reply_tools, schemas_for
-
-TRUNCATION_NOTE = "(Earlier messages of this conversation are not shown; only the most recent ones fit.)"
 
 MEMORY_SHARE = 3  # memory takes at most a third of the input budget
 SUMMARY_SHARE = 6  # the conversation's summary at most a sixth
@@ -48,18 +45,6 @@ QUERY_MESSAGE_CHARS = 1000
 # is more rows for the word search to rank (bench.prompt_memory).
 QUERY_CONTEXT_WORDS = 8
 QUERY_EMBEDDED_CHARS = 300  # of the message, embedded for the search by meaning (about 60 tokens)
-REMOVED_TOOL_RESULT = json.dumps({"error": "This result was removed: the prompt was over its token budget."})
-
-
-class PromptTooLarge(LLMError):
-    """Even with the transcript and tool results cut, the prompt is over its total input budget."""
-
-    def __init__(self, tokens: int, budget: int):
-        super().__init__(
-            f"The prompt needs {tokens:,} tokens with its tools, over the {budget:,} allowed (PROMPT_TOKEN_BUDGET, "
-            "and no more than the model's window less the answer's room).",
-            retryable=False,
-        )
 
 
 @dataclass
@@ -123,51 +108,6 @@ def memory_budget(target: ModelTarget, agent: Agent) -> int:
     conversation too)."""
     setting = agent.memory_token_budget or current_app.config["MEMORY_TOKEN_BUDGET"]
     return min(setting, target.input_budget() // MEMORY_SHARE)
-
-
-def fit_to_budget(
-    target: ModelTarget,
-    messages: list[dict[str, Any]],
-    tools: list[dict[str, Any]] | None = None,
-    *,
-    budget: int | None = None,
-) -> int:
-    """Bring the messages within the input budget, in place, before a model call; returns the tokens of the
-    request (the messages and the tool schemas sent with them).
-
-    The oldest transcript messages go first (the newest always stays), then the tool results, oldest first
-    (the model has read them; a refinement's earlier pages, say), are replaced by a short note. What is left over budget after that raises PromptTooLarge, so no memory,
-    summary, borrowed context, tool list or tool result can push a request past the model's window.
-    """
-    budget = budget or target.input_budget()
-    while (used := prompt_tokens(target, messages, tools)) > budget:
-        if not _drop_oldest_transcript(messages) and not _drop_oldest_tool_result(messages):
-            raise PromptTooLarge(used, budget)
-    return used
-
-
-def _drop_oldest_transcript(messages: list[dict[str, Any]]) -> bool:
-    systems = [i for i, m in enumerate(messages) if m["role"] == "system"]
-    if not systems:
-        return False  # not a reply's prompt (a refinement session's, say): no transcript to shorten
-    context_at = max(systems)
-    transcript = [i for i in range(context_at) if messages[i]["role"] in ("user", "assistant")]
-    if len(transcript) < 2:
-        return False
-    del messages[transcript[0]]
-    context = messages[context_at - 1]
-    if not context["content"].startswith(TRUNCATION_NOTE):
-        context["content"] = f"{TRUNCATION_NOTE}\n\n{context['content']}"
-    return True
-
-
-def _drop_oldest_tool_result(messages: list[dict[str, Any]]) -> bool:
-    """Replace the oldest tool result that the note would shorten; False when there is none."""
-    for message in messages:
-        if message["role"] == "tool" and len(message["content"]) > len(REMOVED_TOOL_RESULT):
-            message["content"] = REMOVED_TOOL_RESULT
-            return True
-    return False
 
 
 def _conversation_so_far(target: ModelTarget, chat: Chat) -> list[dict[str, str]]:

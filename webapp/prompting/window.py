@@ -1,4 +1,5 @@
-"""How much of the model's window a request takes, counted in the model's own tokens.
+"""How much of the model's window a request takes, counted in the model's own tokens; and bringing a request within
+its input budget before a model call (fit_to_budget: the oldest transcript first, then the oldest tool results).
 
 The embedded local model (SmolLM2 under llama-cpp-python) has a small window and its own tokenizer, which
 counts digits and most non-English text at up to twice what cl100k does. Its chatml-function-calling format
@@ -16,11 +17,14 @@ from typing import Any
 
 from markupsafe import escape
 
+from webapp.llm import LLMError
 from webapp.llm.targets import ModelTarget
 from webapp.local_models.catalog import NotInstalled
 from webapp.runtime.processes import local_model_path
 from webapp.tokens import count_tokens
 
+TRUNCATION_NOTE = "(Earlier messages of this conversation are not shown; only the most recent ones fit.)"
+REMOVED_TOOL_RESULT = json.dumps({"error": "This result was removed: the prompt was over its token budget."})
 MESSAGE_OVERHEAD_TOKENS = 4  # what a chat message costs beyond its content (role and separators)
 # The local server's format: each message is <|im_start|>role\n ... <|im_end|>\n, the answer starts after
 # <|im_start|>assistant\n (and, with tools, after "functions.<name>:\n" when a call is wanted); after the
@@ -128,3 +132,59 @@ def _local_tokenizer() -> tuple[Any, Any] | None:
 
 
 _loaded: list[Any] = []
+
+
+class PromptTooLarge(LLMError):
+    """Even with the transcript and tool results cut, the prompt is over its total input budget."""
+
+    def __init__(self, tokens: int, budget: int):
+        super().__init__(
+            f"The prompt needs {tokens:,} tokens with its tools, over the {budget:,} allowed (PROMPT_TOKEN_BUDGET, "
+            "and no more than the model's window less the answer's room).",
+            retryable=False,
+        )
+
+
+def fit_to_budget(
+    target: ModelTarget,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+    *,
+    budget: int | None = None,
+) -> int:
+    """Bring the messages within the input budget, in place, before a model call; returns the tokens of the
+    request (the messages and the tool schemas sent with them).
+
+    The oldest transcript messages go first (the newest always stays), then the tool results, oldest first
+    (the model has read them; a refinement's earlier pages, say), are replaced by a short note. What is left over budget after that raises PromptTooLarge, so no memory,
+    summary, borrowed context, tool list or tool result can push a request past the model's window.
+    """
+    budget = budget or target.input_budget()
+    while (used := prompt_tokens(target, messages, tools)) > budget:
+        if not _drop_oldest_transcript(messages) and not _drop_oldest_tool_result(messages):
+            raise PromptTooLarge(used, budget)
+    return used
+
+
+def _drop_oldest_transcript(messages: list[dict[str, Any]]) -> bool:
+    systems = [i for i, m in enumerate(messages) if m["role"] == "system"]
+    if not systems:
+        return False  # not a reply's prompt (a refinement session's, say): no transcript to shorten
+    context_at = max(systems)
+    transcript = [i for i in range(context_at) if messages[i]["role"] in ("user", "assistant")]
+    if len(transcript) < 2:
+        return False
+    del messages[transcript[0]]
+    context = messages[context_at - 1]
+    if not context["content"].startswith(TRUNCATION_NOTE):
+        context["content"] = f"{TRUNCATION_NOTE}\n\n{context['content']}"
+    return True
+
+
+def _drop_oldest_tool_result(messages: list[dict[str, Any]]) -> bool:
+    """Replace the oldest tool result that the note would shorten; False when there is none."""
+    for message in messages:
+        if message["role"] == "tool" and len(message["content"]) > len(REMOVED_TOOL_RESULT):
+            message["content"] = REMOVED_TOOL_RESULT
+            return True
+    return False
