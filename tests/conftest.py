@@ -23,6 +23,7 @@ from tests.fake_llm import FakeLLM
 from webapp.extensions import db, limiter
 from webapp.factory import create_app
 from webapp.jobs.queue import redis_connection
+from webapp.llm import ledger
 from webapp.runtime.processes import redis_server_argv
 
 POSTGRES_URL = os.environ.get("TEST_DATABASE_URL")
@@ -141,6 +142,7 @@ def _in_context(app):
     """Run the test inside the app's context; afterwards leave the database empty for the next test."""
     with app.app_context():
         yield app
+        ledger.wait_for_rows_aside()  # the test's cost-ledger rows set aside are written before it is emptied
         db.session.remove()
         if POSTGRES_URL:
             _truncate_all()

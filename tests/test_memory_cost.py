@@ -13,6 +13,7 @@ from tests import factories
 from tests.conftest import POSTGRES_URL
 from tests.querycount import count_queries
 from webapp.extensions import db
+from webapp.jobs import priority
 from webapp.jobs.consolidation import consolidate_chat
 from webapp.jobs.extraction import numbered_turns, parse_extraction
 from webapp.llm import ledger, targets
@@ -20,7 +21,6 @@ from webapp.models import AgentMemory, LlmCall, MemorySource, memory_budget
 from webapp.prompting.build import build_prompt
 from webapp.search import embedder
 from webapp.search.indexing import index_memories
-from webapp.search.signals import meaning
 
 
 @pytest.fixture
@@ -123,39 +123,35 @@ def test_a_prompt_ranks_200_memories_in_six_statements_more_than_none(app, admin
     assert not [s for s in ranked if s.startswith("SELECT count(*)") and "agent_memories" in s]
 
 
-def test_the_search_by_meaning_does_not_wait_for_the_query_embeddings_ledger_row(
-    app, admin, ada, monkeypatch
-):
-    """The query's vector is handed to the search before its cost-ledger row is written (a few ms of a reply's
-    path); the row is written all the same before the search returns."""
+def test_the_query_embeddings_ledger_row_is_written_once_the_reply_has_built_its_prompt(admin, ada):
+    """On a reply's way to its model, the query's cost-ledger row steps aside: the search does not wait for it,
+    and it is written once no reply of the process is building its prompt (while the model thinks), not
+    beside the prompt's statements. It is written all the same."""
     chat = factories.chat(admin.account, [ada])
     factories.message(chat, "Shall we plant roses by the greenhouse wall?", author=admin)
     factories.memories(ada, 5)
     index_memories(list(db.session.scalars(sa.select(AgentMemory.id))))
     db.session.commit()
-    searched, write = threading.Event(), ledger._write_rows
-    nearest = meaning.nearest
 
-    def search_by_meaning(*args, **kwargs):
-        searched.set()
-        return nearest(*args, **kwargs)
+    def rows_of_query() -> list[tuple[int, str]]:
+        db.session.rollback()  # the row is written on a connection of its own
+        embedded = sa.select(LlmCall).where(LlmCall.purpose == "embedding", LlmCall.chat_id == chat.id)
+        return [(c.agent_id, c.status) for c in db.session.scalars(embedded)]
 
-    def ledger_once_searched(rows):
-        rows_of_query = [r for r in rows if r["purpose"] == "embedding"]
-        # Written before the vector was given, the search would wait for this: never set, it times out.
-        assert not rows_of_query or searched.wait(10), "the ledger row held the search back"
-        write(rows)
+    with priority.reply_building():
+        prompt = build_prompt(chat, ada)
+        ledger.wait_for_rows_aside(timeout=0.3)  # the row waits while the reply builds
+        assert prompt.sources.memory_ids and rows_of_query() == []
+    ledger.wait_for_rows_aside()
+    assert rows_of_query() == [(ada.id, "ok")]
 
-    monkeypatch.setattr(meaning, "nearest", search_by_meaning)
-    monkeypatch.setattr(ledger, "_write_rows", ledger_once_searched)
 
-    prompt = build_prompt(chat, ada)
-
-    assert prompt.sources.memory_ids and searched.is_set()
-    embedded = db.session.scalars(
-        sa.select(LlmCall).where(LlmCall.purpose == "embedding", LlmCall.chat_id == chat.id)
-    )
-    assert [(c.agent_id, c.status) for c in embedded] == [(ada.id, "ok")]
+def test_rows_set_aside_are_written_at_once_when_no_reply_is_building(app):
+    """Outside a reply (a search on a page, a recall tool call), a row set aside waits for nothing."""
+    with app.app_context(), ledger.rows_at_end(aside=True):
+        ledger.record_call({"purpose": "embedding", "model": "m"}, 0.0, status="ok", prompt_tokens=3)
+    ledger.wait_for_rows_aside(timeout=5)
+    assert db.session.scalar(sa.select(sa.func.count()).select_from(LlmCall)) == 1
 
 
 @pytest.mark.skipif(

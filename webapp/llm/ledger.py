@@ -1,19 +1,27 @@
 """The cost ledger's rows (llm_calls): one per model request, written on a connection of its own so it survives
 whatever the caller's session does; held for the end of a request that holds the process's one connection, or
-of a block that hands a call's result over first (rows_at_end)."""
+of a block that hands a call's result over first (rows_at_end), and then possibly set aside, for the ledger's
+thread to write once no reply of the process is building its prompt."""
 
+import logging
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
 import sqlalchemy as sa
+from flask import Flask, current_app
 
 from webapp.extensions import db
+from webapp.jobs import priority
 from webapp.models import LlmCall
 from webapp.models.runs import current_job_run_id
 from webapp.timeutil import utcnow
+
+log = logging.getLogger(__name__)
 
 # With one database connection in the process (SQLite under gevent: webapp.config.engine_options), a request holds
 # it until it ends, so a ledger row cannot be written on a connection of its own meanwhile (the chat's memory page
@@ -36,10 +44,10 @@ def write_held_rows(_error: BaseException | None) -> None:
 
 
 @contextmanager
-def rows_at_end() -> Iterator[None]:
+def rows_at_end(*, aside: bool = False) -> Iterator[None]:
     """The ledger rows recorded inside are written as it ends, in one statement: so what the calls gave may be
     handed over first (a query's embedding, to the search waiting for it). Held already for a request, they
-    stay held for its end."""
+    stay held for its end. With `aside`, they are set aside for the ledger's thread (write_aside)."""
     if _held_rows.get() is not None:
         yield
         return
@@ -50,7 +58,46 @@ def rows_at_end() -> Iterator[None]:
         rows = _held_rows.get()
         _held_rows.reset(held)
         if rows:
+            write_aside(rows) if aside else _write_rows(rows)
+
+
+# Rows set aside, and the one thread that writes them (a drain is queued when the first row arrives).
+_aside: list[dict[str, Any]] = []
+_aside_lock = threading.Lock()
+_aside_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger-aside")
+
+
+def write_aside(rows: list[dict[str, Any]]) -> None:
+    """Have the ledger's thread write the rows once no reply of this process is building its prompt
+    (webapp.jobs.priority), so that they are written while its model thinks, not beside the prompt's
+    statements: a query's embedding's row, written on the embedding's thread as the reply built its prompt,
+    took 2 to 4 ms of that reply's own time (bench.job_overhead --memories 200)."""
+    app = current_app._get_current_object()  # type: ignore[attr-defined]
+    with _aside_lock:
+        drain_queued = bool(_aside)
+        _aside.extend(rows)
+    if not drain_queued:
+        _aside_writer.submit(_write_set_aside, app)
+
+
+def _write_set_aside(app: Flask) -> None:
+    priority.after_replies()
+    with _aside_lock:
+        rows = _aside[:]
+        _aside.clear()
+    try:
+        with app.app_context():
             _write_rows(rows)
+    except Exception:
+        log.exception("%d cost-ledger rows could not be written", len(rows))
+
+
+def wait_for_rows_aside(timeout: float | None = None) -> None:
+    """Return once the rows set aside so far are written (or after `timeout` seconds): for tests and benches."""
+    try:
+        _aside_writer.submit(lambda: None).result(timeout)
+    except TimeoutError:
+        pass
 
 
 def record_call(fields: dict[str, Any], started: float, **outcome: Any) -> None:

@@ -68,14 +68,6 @@ def ranked(model: type, text: str, match: Match, *scope: sa.ColumnElement[bool])
     return backend().lexical(model, words, match, scope).subquery(f"{model.__tablename__}_hits")
 
 
-class QueryVector(Future):
-    """The embedding of a query, to come (the Future's result), and `recorded`: its row in the cost ledger, written
-    just after the vector is given, so that no search waits for the ledger's round trips (4 to 6 ms of a
-    reply's; bench.job_overhead --memories 200). A search waits for it once done (_signals)."""
-
-    recorded: "Future[None]"
-
-
 def query_vector(
     text: str, *, agent_id: int | None = None, chat_id: int | None = None, vectors: bool | None = None
 ) -> Future[np.ndarray | None]:
@@ -90,9 +82,9 @@ def query_vector(
         return nothing
     app = current_app._get_current_object()  # type: ignore[attr-defined]
     using = embedder.for_search(agent_id, chat_id)  # read here: the thread may have no connection to spare
-    vector = QueryVector()
+    vector: Future[np.ndarray | None] = Future()
     # In a copy of the caller's context (the job run its cost is recorded under), in an app context of its own.
-    vector.recorded = _embedding_threads.submit(
+    _embedding_threads.submit(
         contextvars.copy_context().run, _embed, vector, app, text, agent_id, chat_id, using
     )
     return vector
@@ -102,14 +94,16 @@ _embedding_threads = ThreadPoolExecutor(max_workers=4, thread_name_prefix="query
 
 
 def _embed(
-    vector: QueryVector,
+    vector: Future[np.ndarray | None],
     app: Flask,
     text: str,
     agent_id: int | None,
     chat_id: int | None,
     using: embedder.Embedder,
 ) -> None:
-    with app.app_context(), ledger.rows_at_end():
+    """The query's vector, handed over before its cost-ledger row is written, which is set aside for the
+    ledger's thread: a reply's search neither waits for it nor has it written beside its statements."""
+    with app.app_context(), ledger.rows_at_end(aside=True):
         try:
             vector.set_result(embedder.embed([text], agent_id=agent_id, chat_id=chat_id, using=using)[0])
         except embedder.EmbeddingError as error:
@@ -214,10 +208,7 @@ def _signals(query: signals.Query) -> list[Signal]:
     """The ranked list of every kind of evidence (webapp.search.signals), in its order: each search started before
     any is read, so the meaning's may run on a thread of its own meanwhile."""
     started = [(evidence, evidence.search(query)) for evidence in signals.REGISTRY]
-    found = [Signal(hits(), evidence.weight, evidence.alone_at_least) for evidence, hits in started]
-    if isinstance(query.vector, QueryVector):
-        query.vector.recorded.result()  # written meanwhile: the ledger holds the query's cost once a search is done
-    return found
+    return [Signal(hits(), evidence.weight, evidence.alone_at_least) for evidence, hits in started]
 
 
 def sources(memory_ids: list[int], chats: sa.Select) -> dict[int, list[int]]:
