@@ -154,6 +154,26 @@ def test_rows_set_aside_are_written_at_once_when_no_reply_is_building(app):
     assert db.session.scalar(sa.select(sa.func.count()).select_from(LlmCall)) == 1
 
 
+def test_a_row_set_aside_that_cannot_be_written_is_logged_and_the_next_ones_are_written(
+    app, monkeypatch, caplog
+):
+    write = ledger._write_rows
+
+    def database_down(rows):
+        raise sa.exc.OperationalError("INSERT INTO llm_calls", {}, Exception("the database is down"))
+
+    monkeypatch.setattr(ledger, "_write_rows", database_down)
+    with ledger.rows_at_end(aside=True):
+        ledger.record_call({"purpose": "embedding", "model": "m"}, 0.0, status="ok", prompt_tokens=3)
+    ledger.wait_for_rows_aside(timeout=5)
+    assert "1 cost-ledger rows could not be written" in caplog.text
+    monkeypatch.setattr(ledger, "_write_rows", write)
+    with ledger.rows_at_end(aside=True):
+        ledger.record_call({"purpose": "embedding", "model": "m"}, 0.0, status="ok", prompt_tokens=4)
+    ledger.wait_for_rows_aside(timeout=5)
+    assert db.session.scalars(sa.select(LlmCall.prompt_tokens)).all() == [4]
+
+
 @pytest.mark.skipif(
     not POSTGRES_URL, reason="the plan is PostgreSQL's (SQLite checks each candidate by its key)"
 )

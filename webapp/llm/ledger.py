@@ -70,8 +70,10 @@ _aside_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger-asi
 def write_aside(rows: list[dict[str, Any]]) -> None:
     """Have the ledger's thread write the rows once no reply of this process is building its prompt
     (webapp.jobs.priority), so that they are written while its model thinks, not beside the prompt's
-    statements: a query's embedding's row, written on the embedding's thread as the reply built its prompt,
-    took 2 to 4 ms of that reply's own time (bench.job_overhead --memories 200)."""
+    statements. A query's embedding's row, written on the embedding's thread while the reply built its prompt
+    and waited for before the search returned, made build_prompt 14.6 ms p50 against 13.2 so (200 memories on
+    PostgreSQL, in-process, six rounds alternated). A row that cannot be written is logged, not raised: the
+    reply it was for goes on."""
     app = current_app._get_current_object()  # type: ignore[attr-defined]
     with _aside_lock:
         drain_queued = bool(_aside)
