@@ -220,7 +220,7 @@ SPLIT = [
     ("relevant memories", 2),
     ("any vectors?", 3),
     ("query embedding (own thread)", 3),
-    ("the vector", 4),  # then its ledger row, written as the search goes on
+    ("the vector", 4),  # its ledger row is set aside until the prompt is built (ledger.write_aside)
     ("fused search", 3),
     ("by words", 4),
     ("memories within budget", 2),
