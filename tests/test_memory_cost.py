@@ -148,7 +148,7 @@ def test_the_query_embeddings_ledger_row_is_written_once_the_reply_has_built_its
 
 def test_rows_set_aside_are_written_at_once_when_no_reply_is_building(app):
     """Outside a reply (a search on a page, a recall tool call), a row set aside waits for nothing."""
-    with app.app_context(), ledger.rows_at_end(aside=True):
+    with app.app_context(), ledger.rows_at_end():
         ledger.record_call({"purpose": "embedding", "model": "m"}, 0.0, status="ok", prompt_tokens=3)
     ledger.wait_for_rows_aside(timeout=5)
     assert db.session.scalar(sa.select(sa.func.count()).select_from(LlmCall)) == 1
@@ -163,12 +163,12 @@ def test_a_row_set_aside_that_cannot_be_written_is_logged_and_the_next_ones_are_
         raise sa.exc.OperationalError("INSERT INTO llm_calls", {}, Exception("the database is down"))
 
     monkeypatch.setattr(ledger, "_write_rows", database_down)
-    with ledger.rows_at_end(aside=True):
+    with ledger.rows_at_end():
         ledger.record_call({"purpose": "embedding", "model": "m"}, 0.0, status="ok", prompt_tokens=3)
     ledger.wait_for_rows_aside(timeout=5)
     assert "1 cost-ledger rows could not be written" in caplog.text
     monkeypatch.setattr(ledger, "_write_rows", write)
-    with ledger.rows_at_end(aside=True):
+    with ledger.rows_at_end():
         ledger.record_call({"purpose": "embedding", "model": "m"}, 0.0, status="ok", prompt_tokens=4)
     ledger.wait_for_rows_aside(timeout=5)
     assert db.session.scalars(sa.select(LlmCall.prompt_tokens)).all() == [4]

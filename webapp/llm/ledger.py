@@ -1,7 +1,7 @@
 """The cost ledger's rows (llm_calls): one per model request, written on a connection of its own so it survives
 whatever the caller's session does; held for the end of a request that holds the process's one connection, or
-of a block that hands a call's result over first (rows_at_end), and then possibly set aside, for the ledger's
-thread to write once no reply of the process is building its prompt."""
+of a block that hands a call's result over first (rows_at_end), for the ledger's thread to write once no reply
+of the process is building its prompt."""
 
 import logging
 import threading
@@ -44,10 +44,10 @@ def write_held_rows(_error: BaseException | None) -> None:
 
 
 @contextmanager
-def rows_at_end(*, aside: bool = False) -> Iterator[None]:
-    """The ledger rows recorded inside are written as it ends, in one statement: so what the calls gave may be
-    handed over first (a query's embedding, to the search waiting for it). Held already for a request, they
-    stay held for its end. With `aside`, they are set aside for the ledger's thread (write_aside)."""
+def rows_at_end() -> Iterator[None]:
+    """The ledger rows recorded inside are set aside as it ends, for the ledger's thread to write in one
+    statement (write_aside): so what the calls gave may be handed over first (a query's embedding, to the search
+    waiting for it). Held already for a request, they stay held for its end."""
     if _held_rows.get() is not None:
         yield
         return
@@ -58,7 +58,7 @@ def rows_at_end(*, aside: bool = False) -> Iterator[None]:
         rows = _held_rows.get()
         _held_rows.reset(held)
         if rows:
-            write_aside(rows) if aside else _write_rows(rows)
+            write_aside(rows)
 
 
 # Rows set aside, and the one thread that writes them (a drain is queued when the first row arrives).

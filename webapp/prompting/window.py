@@ -156,8 +156,9 @@ def fit_to_budget(
     request (the messages and the tool schemas sent with them).
 
     The oldest transcript messages go first (the newest always stays), then the tool results, oldest first
-    (the model has read them; a refinement's earlier pages, say), are replaced by a short note. What is left over budget after that raises PromptTooLarge, so no memory,
-    summary, borrowed context, tool list or tool result can push a request past the model's window.
+    (the model has read them; a refinement's earlier pages, say), are replaced by a short note. What is left
+    over budget after that raises PromptTooLarge, so no memory, summary, borrowed context, tool list or tool
+    result can push a request past the model's window.
     """
     budget = budget or target.input_budget()
     while (used := prompt_tokens(target, messages, tools)) > budget:

@@ -103,7 +103,7 @@ def _embed(
 ) -> None:
     """The query's vector, handed over before its cost-ledger row is written, which is set aside for the
     ledger's thread: a reply's search neither waits for it nor has it written beside its statements."""
-    with app.app_context(), ledger.rows_at_end(aside=True):
+    with app.app_context(), ledger.rows_at_end():
         try:
             vector.set_result(embedder.embed([text], agent_id=agent_id, chat_id=chat_id, using=using)[0])
         except embedder.EmbeddingError as error:
