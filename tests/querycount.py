@@ -1,4 +1,5 @@
-"""Count the SQL statements a block of code runs."""
+"""Count the SQL statements a block of code runs, on any thread: the cost-ledger rows it set aside included, as
+the ledger's thread writes them a moment later (webapp.llm.ledger.write_aside)."""
 
 import contextlib
 from dataclasses import dataclass, field
@@ -6,6 +7,7 @@ from dataclasses import dataclass, field
 import sqlalchemy as sa
 
 from webapp.extensions import db
+from webapp.llm import ledger
 
 
 @dataclass
@@ -26,4 +28,5 @@ def count_queries():
     try:
         yield counted
     finally:
+        ledger.wait_for_rows_aside()
         sa.event.remove(db.engine, "before_cursor_execute", before)
