@@ -16,7 +16,7 @@ from rq_scheduler import Scheduler
 from tests import factories
 from webapp import search
 from webapp.extensions import db
-from webapp.jobs import embeddings, priority, replies, schedule
+from webapp.jobs import embeddings, replies, schedule
 from webapp.jobs.consolidation import consolidate_chat
 from webapp.jobs.embeddings import embed_queued, queue_waiting
 from webapp.jobs.queue import rq_queue
@@ -24,6 +24,7 @@ from webapp.jobs.replies import request_replies, respond
 from webapp.jobs.term_stats import refresh_term_stats
 from webapp.models import AgentMemory, JobRun, LlmCall, Message
 from webapp.models.search import EmbeddingQueue
+from webapp.runtime import priority
 from webapp.search import embedder
 from webapp.search.embedder import EmbeddingError
 from webapp.timeutil import utcnow

@@ -13,12 +13,12 @@ from tests import factories
 from tests.conftest import POSTGRES_URL
 from tests.querycount import count_queries
 from webapp.extensions import db
-from webapp.jobs import priority
 from webapp.jobs.consolidation import consolidate_chat
 from webapp.jobs.extraction import numbered_turns, parse_extraction
 from webapp.llm import ledger, targets
 from webapp.models import AgentMemory, LlmCall, MemorySource, memory_budget
 from webapp.prompting.build import build_prompt
+from webapp.runtime import priority
 from webapp.search import embedder
 from webapp.search.indexing import index_memories
 

@@ -26,10 +26,10 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from webapp import search
 from webapp.extensions import db
-from webapp.jobs import priority
 from webapp.jobs.queue import JOB_MARGIN_SECONDS, enqueue, job_target, recorded_job
 from webapp.models import Account, AgentMemory, Message
 from webapp.models.search import EmbeddingQueue
+from webapp.runtime import priority
 from webapp.search import embedder, indexing
 from webapp.timeutil import utcnow
 

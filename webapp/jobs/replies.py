@@ -11,7 +11,7 @@ from sqlalchemy.orm import joinedload
 
 from webapp import events
 from webapp.extensions import db
-from webapp.jobs import embeddings, priority
+from webapp.jobs import embeddings
 from webapp.jobs.followups import after_new_message
 from webapp.jobs.queue import (
     enqueue,
@@ -36,6 +36,7 @@ from webapp.models import Agent, Chat, JobRun, Message
 from webapp.models.runs import current_job_run_id
 from webapp.prompting.build import build_prompt
 from webapp.prompting.provenance import record_sources
+from webapp.runtime import priority
 from webapp.timeutil import utcnow
 
 log = logging.getLogger(__name__)

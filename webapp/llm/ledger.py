@@ -16,9 +16,9 @@ import sqlalchemy as sa
 from flask import Flask, current_app
 
 from webapp.extensions import db
-from webapp.jobs import priority
 from webapp.models import LlmCall
 from webapp.models.runs import current_job_run_id
+from webapp.runtime import priority
 from webapp.timeutil import utcnow
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ _aside_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger-asi
 
 def write_aside(rows: list[dict[str, Any]]) -> None:
     """Have the ledger's thread write the rows once no reply of this process is building its prompt
-    (webapp.jobs.priority), so that they are written while its model thinks, not beside the prompt's
+    (webapp.runtime.priority), so that they are written while its model thinks, not beside the prompt's
     statements. A query's embedding's row, written on the embedding's thread while the reply built its prompt
     and waited for before the search returned, made build_prompt 14.6 ms p50 against 13.2 so (200 memories on
     PostgreSQL, in-process, six rounds alternated). A row that cannot be written is logged, not raised: the

@@ -1,6 +1,7 @@
 """The processes of `make run`: how each starts (processes), who restarts them (supervisor), whether each answers.
 
-health.py's probes serve `flask check`, /healthz and the pages' banner."""
+health.py's probes serve `flask check`, /healthz and the pages' banner; priority.py lets a process's background
+work step aside while one of its replies builds its prompt."""
 
 import gc
 
