@@ -22,6 +22,7 @@ from webapp.jobs.embeddings import embed_queued, queue_waiting
 from webapp.jobs.queue import rq_queue
 from webapp.jobs.replies import request_replies, respond
 from webapp.jobs.term_stats import refresh_term_stats
+from webapp.llm import ledger
 from webapp.models import AgentMemory, JobRun, LlmCall, Message
 from webapp.models.search import EmbeddingQueue
 from webapp.runtime import priority
@@ -71,6 +72,7 @@ def _vector(kind: str, row_id: int) -> tuple[str, object] | None:
 
 
 def _embedding_calls() -> list[LlmCall]:
+    ledger.wait_for_rows_aside()  # a query's row is written by the ledger's thread, a moment after its vector
     return list(
         db.session.scalars(sa.select(LlmCall).where(LlmCall.purpose == "embedding").order_by(LlmCall.id))
     )
