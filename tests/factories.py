@@ -1,5 +1,7 @@
 """Small builders for test data."""
 
+import sqlalchemy as sa
+
 from webapp.extensions import db
 from webapp.models import Account, Agent, AgentMemory, Chat, ChatAgent, ChatPerson, Message, User
 
@@ -90,6 +92,18 @@ def llm_call(agent_row: Agent | None, **fields):
     db.session.add(row)
     db.session.commit()
     return row
+
+
+def embedding_calls():
+    """The cost ledger's embedding rows, oldest first, once the rows set aside are written: a query's row is
+    written by the ledger's thread a moment after its vector (webapp.llm.ledger.write_aside)."""
+    from webapp.llm import ledger
+    from webapp.models import LlmCall
+
+    ledger.wait_for_rows_aside()
+    return list(
+        db.session.scalars(sa.select(LlmCall).where(LlmCall.purpose == "embedding").order_by(LlmCall.id))
+    )
 
 
 def job_run(acct: Account | None, job_type: str = "reply", **fields):

@@ -22,8 +22,7 @@ from webapp.jobs.embeddings import embed_queued, queue_waiting
 from webapp.jobs.queue import rq_queue
 from webapp.jobs.replies import request_replies, respond
 from webapp.jobs.term_stats import refresh_term_stats
-from webapp.llm import ledger
-from webapp.models import AgentMemory, JobRun, LlmCall, Message
+from webapp.models import AgentMemory, JobRun, Message
 from webapp.models.search import EmbeddingQueue
 from webapp.runtime import priority
 from webapp.search import embedder
@@ -71,13 +70,6 @@ def _vector(kind: str, row_id: int) -> tuple[str, object] | None:
     return tuple(found) if found else None
 
 
-def _embedding_calls() -> list[LlmCall]:
-    ledger.wait_for_rows_aside()  # a query's row is written by the ledger's thread, a moment after its vector
-    return list(
-        db.session.scalars(sa.select(LlmCall).where(LlmCall.purpose == "embedding").order_by(LlmCall.id))
-    )
-
-
 def _core_insert(model: type, **values) -> int:
     """A row written with a Core insert on a connection of its own: no session, so no embedding queue."""
     with db.engine.begin() as conn:
@@ -101,7 +93,7 @@ def test_a_memory_added_on_the_ledger_is_embedded_by_the_queued_job_and_costed(a
 
     assert _vector("memory", memory.id)[0] == embedder.model_name()
     assert _queued() == set()
-    [call] = _embedding_calls()
+    [call] = factories.embedding_calls()
     assert (call.status, call.agent_id, call.model) == ("ok", ada.id, embedder.model_name())
     run = db.session.scalar(sa.select(JobRun).where(JobRun.job_type == "embed_memories_and_messages"))
     assert (run.status, run.counts["memories"]) == ("done", 1)
@@ -272,7 +264,7 @@ def test_an_endpoint_error_fails_the_run_and_keeps_the_queue_for_the_hourly_find
     assert _queued() == {("memory", memory.id)}
     failed = db.session.scalar(sa.select(JobRun).where(JobRun.status == "failed"))
     assert "embedder down" in failed.error
-    assert [c.status for c in _embedding_calls()] == ["error"]
+    assert [c.status for c in factories.embedding_calls()] == ["error"]
 
     assert queue_waiting() == {"waiting": 1}  # what the hourly schedule runs
     _run_background_jobs(app)
@@ -435,7 +427,7 @@ def test_with_an_embedder_answering_500_recall_finds_by_words_and_health_says_wh
     found = recall(ToolContext(agent=ada, chat=chat, message=reply), "greenhouse key")
 
     assert [r["memory_id"] for r in found["results"] if "memory_id" in r] == [memory.id]
-    assert _embedding_calls()[-1].status == "error"
+    assert factories.embedding_calls()[-1].status == "error"
     response = client.get("/healthz")
     assert response.status_code == 200  # search still works, by words
     search_part = response.get_json()["checks"]["search"]

@@ -13,8 +13,7 @@ from tests.querycount import count_queries
 from webapp import search
 from webapp.extensions import db
 from webapp.jobs.replies import request_replies, respond
-from webapp.llm import ledger
-from webapp.models import Agent, AgentMemory, JobRun, LlmCall, Message, ReplySources
+from webapp.models import Agent, AgentMemory, JobRun, Message, ReplySources
 from webapp.search import indexing
 from webapp.search.terms import COMMON_ROWS, informative, terms
 from webapp.timeutil import utcnow
@@ -66,10 +65,7 @@ def test_a_fact_saved_30_days_ago_is_recalled_and_reaches_the_model(app, fake_ll
     assert sources.recalled_memory_ids == [old.id]
     # The queries were embedded on a thread of their own, and their cost is the reply's: its run, its chat.
     [run] = db.session.scalars(sa.select(JobRun).where(JobRun.job_type == "reply"))
-    ledger.wait_for_rows_aside()  # written by the ledger's thread, once the reply had built its prompt
-    embedded = db.session.scalars(
-        sa.select(LlmCall).where(LlmCall.purpose == "embedding", LlmCall.job_run_id.is_not(None))
-    ).all()
+    embedded = [c for c in factories.embedding_calls() if c.job_run_id is not None]
     assert len(embedded) == 2  # the prompt's memory search, and recall's
     assert {(c.job_run_id, c.chat_id, c.agent_id, c.status) for c in embedded} == {
         (run.id, chat.id, ada.id, "ok")
@@ -339,8 +335,7 @@ def test_with_the_embedder_down_recall_answers_by_words(app, chat, ada):
     hits = _recall(ada, chat, "greenhouse key")["results"]
 
     assert [h["content"] for h in hits] == ["The greenhouse key hangs by the door."]
-    ledger.wait_for_rows_aside()
-    failed = db.session.scalars(sa.select(LlmCall).where(LlmCall.purpose == "embedding")).all()[-1]
+    failed = factories.embedding_calls()[-1]
     assert failed.status == "error"
 
 
